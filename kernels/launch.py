@@ -1,0 +1,83 @@
+"""The launch floor: an empty Triton kernel on a one-program grid.
+
+Timing :func:`empty_launch` eagerly measures what every Triton launch pays before any
+work starts: Triton's Python launcher (argument binding, specialisation-key lookup in
+the kernel cache, building the launch parameters) plus the driver's kernel launch and
+the GPU's cost of scheduling one empty block.  It is the per-launch term of the launch
+path component: an extend forward outside a CUDA graph pays it ~25 times per layer,
+61 layers per step.  Captured in a CUDA graph and replayed, only the GPU-side part
+remains, so eager minus graph time of this kernel is the pure host launch overhead.
+
+It deliberately does not measure a torch op's dispatch (ATen dispatcher, caching
+allocator); that is a different floor, for a torch-side case to time.
+
+Layout of this module: ``@triton.jit`` kernel → the public launcher.  There are no
+constants: the kernel has no block size, and one warp is the smallest launch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["empty_launch"]
+
+
+# --------------------------------------------------------------------------------------
+# Kernel
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    """Do nothing observable.
+
+    The pointer argument is there so the launch binds one tensor argument, as real
+    kernels do (a zero-argument launch would understate the launcher's per-argument
+    work); reading the program id keeps the body non-empty for every Triton version
+    without touching memory.
+    """
+    pid = tl.program_id(0)  # noqa: F841 - computed and discarded on purpose
+
+
+# --------------------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------------------
+
+
+def _runs_here(t: Tensor) -> bool:
+    """Whether the kernel can take ``t``: a CUDA tensor, or any tensor when the kernel was
+    built by Triton's interpreter (TRITON_INTERPRET=1 set before this module was imported).
+    """
+    if t.is_cuda:
+        return True
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # a Triton without an interpreter cannot run on CPU tensors
+        return False
+    return isinstance(_empty_kernel, InterpretedFunction)
+
+
+def empty_launch(x: Tensor) -> None:
+    """Launch the empty kernel once, on a grid of one program with one warp.
+
+    Args:
+        x: any tensor (its contents are never read or written); it must be on a CUDA
+            device, or on the CPU when Triton's interpreter is on.
+
+    The call is asynchronous on CUDA like any launch: time it with CUDA events or a
+    synchronise, and call it once before timing so the one-off compilation is excluded.
+
+    Raises:
+        TypeError: ``x`` is not a tensor.
+        ValueError: ``x`` is on a device the kernel cannot run on.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if not _runs_here(x):
+        raise ValueError(
+            f"x: on {x.device}; the kernel needs a CUDA tensor, or TRITON_INTERPRET=1 set "
+            "before triton and this module are imported"
+        )
+    _empty_kernel[(1,)](x, num_warps=1)

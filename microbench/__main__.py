@@ -1,0 +1,5 @@
+import sys
+
+from microbench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,174 @@
+"""What a case is: named axes, a workload per point, variants, one reference.
+
+A case binds kernels to the harness. It knows the shapes it runs at (per suite, as named
+axes the harness expands), how to build seeded inputs for one point, how many bytes and
+FLOPs one call moves and does, which reference checks it, and which variants compete.
+The harness knows nothing of any particular kernel; a kernel knows nothing of the harness.
+
+Variant calling convention: ``fn(**workload.inputs, **workload.outputs)``. A variant
+writes the preallocated outputs (which the gate poisons with NaN first), or returns its
+outputs (a tensor, or a tuple in the order of ``workload.outputs``) instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+Point = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Bytes one call must move through memory (each input read once, each output written
+    once) and the FLOPs it must do: the floor every table reports against."""
+
+    bytes: int
+    flops: int = 0
+
+
+@dataclass
+class Workload:
+    """The arguments of one call at one point: inputs (tensors and scalars), outputs."""
+
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    cost: Cost
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {**self.inputs, **self.outputs}
+
+    def clone(self) -> "Workload":
+        """A copy with its own tensors (for rotating cold-cache copies in graph mode)."""
+        return Workload(_clone_all(self.inputs), _clone_all(self.outputs), self.cost, dict(self.meta))
+
+    @property
+    def working_set_bytes(self) -> int:
+        return sum(_nbytes(v) for v in itertools.chain(self.inputs.values(), self.outputs.values()))
+
+
+def _nbytes(v: Any) -> int:
+    numel = getattr(v, "numel", None)
+    return int(numel() * v.element_size()) if callable(numel) and hasattr(v, "element_size") else 0
+
+
+def _clone_all(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in d.items()}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One implementation of a case's operation."""
+
+    name: str
+    fn: Callable[..., Any]
+    devices: tuple[str, ...] = ("cuda", "cpu")
+    doc: str = ""
+
+    def runs_on(self, device: str) -> bool:
+        return device.split(":")[0] in self.devices
+
+
+class Case:
+    """Base class of every case; subclasses set the class attributes and override the hooks.
+
+    ``axes(suite, device)`` returns the named axes of a suite (empty = not in that suite), each a
+    sequence of JSON-able values; the harness expands their product, asks ``skip`` about
+    each point, and narrows it by ``--axis``.
+    """
+
+    id: ClassVar[str]
+    title: ClassVar[str] = ""
+    baseline: ClassVar[str]
+    order: ClassVar[int] = 100  # calibration runs first so its ceilings apply to the rest
+    #: Output tolerances per dtype name, (atol, rtol): bf16 operands land 1e-3..1e-2.
+    tolerances: ClassVar[Mapping[str, tuple[float, float]]] = {
+        "fp32": (1e-4, 1e-4),
+        "fp16": (2e-3, 2e-3),
+        "bf16": (1.6e-2, 1.6e-2),
+    }
+    #: Set on calibration cases: which ceiling their best OK result measures.
+    ceiling: ClassVar[str | None] = None
+    #: Timing mode forced by the case (e.g. the launch floor is back-to-back by nature).
+    timing_mode: ClassVar[str | None] = None
+
+    def variants(self) -> Sequence[Variant]:
+        raise NotImplementedError
+
+    def axes(self, suite: str, device: str = "cuda") -> Mapping[str, Sequence[Any]]:
+        """Named axes of ``suite`` on ``device`` (shapes may differ between CPU and GPU);
+        empty when the case is not in that suite."""
+        raise NotImplementedError
+
+    def skip(self, point: Point, device: str) -> str | None:
+        """A reason when the point is invalid or unsupported on ``device``, else None."""
+        return None
+
+    def setup(self, point: Point, device: str, seed: int) -> Workload:
+        raise NotImplementedError
+
+    def reference(self, workload: Workload) -> Mapping[str, Any]:
+        """Expected outputs (fp32), keyed like ``workload.outputs``; empty = nothing to check
+        (only for cases whose call writes nothing, like the launch floor)."""
+        raise NotImplementedError
+
+    def tolerance(self, point: Point) -> tuple[float, float]:
+        return self.tolerances[str(point.get("dtype", "fp32"))]
+
+    def signature(self) -> str:
+        """The variant signature, for ``microbench list --case`` (subclasses describe shapes)."""
+        return (self.__doc__ or "").strip()
+
+    # ---------------------------------------------------------------- helpers for the harness
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants():
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    def suites(self, known: Sequence[str], device: str = "cuda") -> list[str]:
+        return [s for s in known if self.axes(s, device)]
+
+
+def expand(axes: Mapping[str, Sequence[Any]]) -> list[Point]:
+    """The product of named axes, in declaration order (the last axis varies fastest).
+
+    No axes means the case is not in the suite: no points (not one empty point)."""
+    if not axes:
+        return []
+    names = list(axes)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+
+
+def narrow(axes: Mapping[str, Sequence[Any]], picks: Mapping[str, Sequence[str]], case_id: str) -> dict[str, list[Any]]:
+    """Keep only the axis values named by ``--axis name=v1,v2`` (strings matched to values).
+
+    Raises ValueError naming the axis or the value when one is unknown to the case.
+    """
+    out = {k: list(v) for k, v in axes.items()}
+    for name, wanted in picks.items():
+        if name not in out:
+            raise ValueError(f"case {case_id} has no axis {name!r} (axes: {', '.join(out) or 'none'})")
+        by_text = {str(v): v for v in out[name]}
+        missing = [w for w in wanted if w not in by_text]
+        if missing:
+            raise ValueError(
+                f"case {case_id}: axis {name} has no value {', '.join(missing)} (values: {', '.join(by_text)})"
+            )
+        out[name] = [by_text[w] for w in wanted]
+    return out
+
+
+def point_seed(run_seed: int, case_id: str, point: Point) -> int:
+    """A deterministic per-point seed: the same run seed gives the same inputs, and two
+    points never share inputs by accident."""
+    key = f"{run_seed}|{case_id}|" + "|".join(f"{k}={point[k]}" for k in sorted(point))
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
+
+
+def point_label(point: Point) -> str:
+    return " ".join(f"{k}={v}" for k, v in point.items())

@@ -1,0 +1,307 @@
+"""``microbench`` command line: list, run, env, compare, report.
+
+Bad input (an unknown suite, case, variant or axis value, a malformed or foreign result
+file, a config missing keys) prints one line and exits 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad input from the user: one line, exit 2."""
+
+
+def _err(msg: str) -> int:
+    print(f"microbench: error: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# --------------------------------------------------------------------------- device
+
+
+def resolve_device(spec: str) -> str:
+    """``auto`` -> cuda if present else cpu. On CPU the Triton interpreter is switched on
+    here, before any kernel module is imported (Triton decides at decoration time)."""
+    import torch
+
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {spec}: no CUDA device (torch {torch.__version__}, "
+                             f"torch.cuda.is_available() is False)")
+        idx = torch.device(spec).index
+        if idx is not None and idx >= torch.cuda.device_count():
+            raise UsageError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif spec == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        raise UsageError(f"--device {spec!r}: use auto, cpu, cuda or cuda:N")
+    return spec
+
+
+# --------------------------------------------------------------------------- list
+
+
+def _select_cases(case_ids: Sequence[str], suite: str | None, device: str):
+    from microbench.cases import SUITES, all_cases, get_case
+
+    if suite is not None and suite not in SUITES:
+        raise UsageError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
+    if case_ids:
+        try:
+            cases = [get_case(c) for c in case_ids]
+        except KeyError as e:
+            raise UsageError(e.args[0]) from None
+        return cases
+    return [c for c in all_cases() if suite is None or c.axes(suite, device)]
+
+
+def cmd_list(a: argparse.Namespace) -> int:
+    from microbench.cases import SUITES
+
+    device = "cuda" if a.device == "auto" else a.device
+    cases = _select_cases(_split(a.case), a.suite, device)
+    if not a.case and not a.suite:
+        print("suites:")
+        for name, doc in SUITES.items():
+            print(f"  {name:<9} {doc}")
+        print()
+    for c in cases:
+        print(f"{c.id}  ({c.title})")
+        print(f"  variants: " + ", ".join(v.name + (" [baseline]" if v.name == c.baseline else "")
+                                          for v in c.variants()))
+        for s in (SUITES if a.suite is None else [a.suite]):
+            axes = c.axes(s, device)
+            if axes:
+                print(f"  {s} axes ({device}): " + "; ".join(f"{k}={','.join(map(str, v))}" for k, v in axes.items()))
+        if a.case:
+            for v in c.variants():
+                print(f"    {v.name}: {v.doc} (devices: {', '.join(v.devices)})")
+            print("  signature: " + "\n  ".join(c.signature().splitlines()))
+    return 0
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _split(values: Sequence[str] | None) -> list[str]:
+    return [x for v in values or [] for x in v.split(",") if x]
+
+
+def _axis_picks(items: Sequence[str] | None) -> dict[str, list[str]]:
+    picks: dict[str, list[str]] = {}
+    for item in items or []:
+        name, sep, vals = item.partition("=")
+        if not sep or not name or not vals:
+            raise UsageError(f"--axis {item!r}: expected name=v1,v2")
+        picks.setdefault(name, []).extend(v for v in vals.split(",") if v)
+    return picks
+
+
+def _profile_ceilings(device: str) -> dict[str, dict]:
+    if not device.startswith("cuda"):
+        return {}
+    import torch
+
+    from microbench.hardware import profile_for_device_name
+
+    prof = profile_for_device_name(torch.cuda.get_device_name(torch.device(device)))
+    if prof is None:
+        return {}
+    return {
+        "memory_bandwidth": {"value": prof.memory_bandwidth.value,
+                             "source": f"profile {prof.name}: {prof.memory_bandwidth.source}"},
+        "matmul_flops": {"value": prof.bf16_dense_flops.value,
+                         "source": f"profile {prof.name}: {prof.bf16_dense_flops.source}"},
+    }
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    device = resolve_device(a.device)
+    if device == "cpu":
+        # One intra-op thread: on a small shared machine a busy neighbour core stalls
+        # OpenMP barriers (a 48x48 matmul took 15 ms with 2 threads under load, 25 µs with 1).
+        import torch
+
+        torch.set_num_threads(a.threads)
+    suite = a.suite or ("verify" if device.startswith("cuda") else "smoke")
+    cases = _select_cases(_split(a.case), suite, device)
+    if not cases:
+        raise UsageError(f"suite {suite} has no case on {device}")
+    variants = _split(a.variant)
+    known = {v.name for c in cases for v in c.variants()}
+    unknown = [v for v in variants if v not in known]
+    if unknown:
+        raise UsageError(f"unknown variant {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
+
+    from microbench import env, report
+    from microbench.results import ResultWriter, utc_now
+    from microbench.runner import Plan, RunOptions, Runner, plan
+    from microbench.timing import TimingOptions
+
+    try:
+        timing = TimingOptions(mode=a.mode, budget_s=a.budget_s, max_noise=a.max_noise)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    opts = RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
+                      interleave=a.interleave, seed=a.seed, min_effect=a.min_effect, probe=not a.no_probe,
+                      cache_bytes=env.l2_cache_bytes(device), profile_ceilings=_profile_ceilings(device))
+    try:
+        p: Plan = plan(cases, opts)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    all_axes = {k for c in cases for k in c.axes(suite, device)}
+    stray = [k for k in opts.axis_picks if k not in all_axes]
+    if stray:
+        raise UsageError(f"no selected case has axis {', '.join(stray)}")
+    n_var = sum(len(c.variants()) for c, _ in p.items)
+    print(f"microbench run: suite {suite} on {device}: {len(p.items)} points ({n_var} variant runs)"
+          + (f", {len(p.skipped)} skipped" if p.skipped else "") + f" from {len(cases)} case(s)", file=sys.stderr)
+
+    fp = env.fingerprint(device)
+    run_meta = {"id": None, "started_utc": utc_now(), "argv": sys.argv[1:], "suite": suite,
+                "cases": [c.id for c in cases], "device": device, "seed": a.seed, "interleave": a.interleave,
+                "timing": timing.__dict__, "min_effect": a.min_effect,
+                "cpu_threads": a.threads if device == "cpu" else None}
+    writer = ResultWriter(a.out, run_meta, fp)
+    writer.doc["run"]["id"] = os.path.basename(writer.path)[: -len(".json")]
+    runner = Runner(opts, writer)
+    try:
+        runner.run(p)
+    except KeyboardInterrupt:
+        path = writer.close(complete=False, interrupted=True)
+        print(report.render(writer.doc, a.format), end="")
+        print(f"interrupted: {len(writer.records)} records kept in {path} (marked incomplete)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    path = writer.close(complete=True)
+    print(report.render(writer.doc, a.format), end="")
+    print(f"results: {path}", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- env / report / compare
+
+
+def cmd_env(a: argparse.Namespace) -> int:
+    from microbench import env
+
+    device = None if a.device == "auto" else a.device
+    fp = env.fingerprint(device)
+    print(json.dumps(fp, indent=1) if a.json else env.format_fingerprint(fp))
+    return 0
+
+
+def _load(path: str) -> dict[str, Any]:
+    from microbench.results import ResultError, load
+
+    try:
+        return load(path)
+    except ResultError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from microbench import report
+
+    print(report.render(_load(a.result), a.format), end="")
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from microbench import compare
+
+    mapping = {}
+    for item in a.map_variant or []:
+        old, sep, new = item.partition("=")
+        if not sep or not old or not new:
+            raise UsageError(f"--map-variant {item!r}: expected BASE_VARIANT=NEW_VARIANT")
+        mapping[old] = new
+    base, new = _load(a.base), _load(a.new)
+    result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping)
+    print(compare.render(result, a.format), end="")
+    if a.fail_on == "slower" and any(row["label"] == "SLOWER" for row in result["rows"]):
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="microbench", description=(
+        "Kernel-level microbenchmarks of the speculative-decoding verify step: correctness-gated, "
+        "timed with their spread and environment, compared with verdicts."))
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ls = sub.add_parser("list", help="suites, cases, variants and axes")
+    ls.add_argument("--suite", help="only cases of this suite")
+    ls.add_argument("--case", action="append", help="details of a case: variants, signature (repeatable)")
+    ls.add_argument("--device", default="auto", help="whose shapes to show: cpu or cuda (default: cuda)")
+    ls.set_defaults(func=cmd_list)
+
+    r = sub.add_parser("run", help="gate and time cases, print the table, write a result file")
+    r.add_argument("--suite", help="smoke, verify or selftest (default: verify on a GPU, smoke on CPU)")
+    r.add_argument("--case", action="append", help="case id(s), comma-separated or repeated (default: the suite's)")
+    r.add_argument("--variant", action="append", help="only these variants")
+    r.add_argument("--axis", action="append", metavar="NAME=V1,V2", help="narrow an axis of the sweep")
+    r.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
+    r.add_argument("--out", default="results", help="directory for the result file (default: results/)")
+    r.add_argument("--mode", choices=["cold", "hot", "graph"], help="timing mode (default: cold on CUDA, hot on CPU)")
+    r.add_argument("--budget-s", type=float, default=1.0, help="time budget per variant and point (s)")
+    r.add_argument("--max-noise", type=float, default=0.005, help="stop when the median's relative noise is under this")
+    r.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change a verdict calls real")
+    r.add_argument("--interleave", action="store_true", help="time variants alternately (A B A B) for in-run A/B")
+    r.add_argument("--seed", type=int, default=0, help="input seed (recorded)")
+    r.add_argument("--no-probe", action="store_true", help="skip the environment probe beside each point")
+    r.add_argument("--threads", type=int, default=1, help="torch CPU threads when --device cpu (default 1)")
+    r.add_argument("--format", choices=["text", "markdown", "csv"], default="text", help="table format")
+    r.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("env", help="the environment fingerprint stored in every result file")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--json", action="store_true", help="print JSON")
+    e.set_defaults(func=cmd_env)
+
+    c = sub.add_parser("compare", help="verdicts between two result files (FASTER/SLOWER/SAME/UNSURE)")
+    c.add_argument("base")
+    c.add_argument("new")
+    c.add_argument("--format", choices=["text", "markdown"], default="text")
+    c.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change called real (default 2%%)")
+    c.add_argument("--fail-on", choices=["slower"], help="exit 1 when any case is SLOWER")
+    c.add_argument("--map-variant", action="append", metavar="BASE=NEW",
+                   help="compare variant BASE of the base run with variant NEW of the new run")
+    c.set_defaults(func=cmd_compare)
+
+    rep = sub.add_parser("report", help="print a result file's tables")
+    rep.add_argument("result")
+    rep.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
+    rep.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        return _err(str(e))
+    except Exception as e:  # config errors from model / hardware files are the user's input too
+        from microbench.models import ConfigError
+
+        if isinstance(e, ConfigError):
+            return _err(str(e))
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

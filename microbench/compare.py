@@ -1,0 +1,222 @@
+"""``microbench compare BASE NEW``: is a difference code, noise, or environment?
+
+Records are matched by case id, axis values and variant. Each matched pair gets a verdict
+from its raw samples (:func:`microbench.stats.compare_samples`): the ratio new/base of the
+medians with a bootstrap confidence interval, corrected by the environment probe timed
+beside each point in both runs when both have it. Then an environment section lists every
+difference able to explain a change without any code changing: the SM clock during a case
+(NVML), throttle reasons, temperature, power limit, the GPU, driver and library versions,
+the git commit — so "slower" is never said before "the clocks differ".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from tabulate import tabulate
+
+from microbench import stats
+from microbench.report import fmt_time
+from microbench.results import record_key
+
+#: A mean SM clock differing by more than this between runs can explain a change alone.
+CLOCK_TOLERANCE = 0.02
+#: Temperatures further apart than this (°C) are worth a line: boost clocks follow them.
+TEMPERATURE_TOLERANCE_C = 10.0
+#: Throttle reasons that say nothing about slowdown.
+BENIGN_REASONS = {"gpu_idle", "none", "applications_clocks_setting"}
+
+#: Fingerprint fields whose difference alone can move timings: (label, path in the fingerprint).
+ENV_FIELDS: list[tuple[str, tuple[str, ...]]] = [
+    ("GPU model", ("device", "name")),
+    ("GPU UUID", ("device", "uuid")),
+    ("compute capability", ("device", "compute_capability")),
+    ("driver", ("device", "driver_version")),
+    ("CUDA runtime", ("device", "cuda_runtime_version")),
+    ("power limit (W)", ("nvml", "gpu", "power_limit_w")),
+    ("SM clock max (MHz)", ("nvml", "gpu", "sm_clock_max_mhz")),
+    ("persistence mode", ("nvml", "gpu", "persistence_mode")),
+    ("PCIe gen (current)", ("nvml", "gpu", "pcie_gen_current")),
+    ("PCIe width (current)", ("nvml", "gpu", "pcie_width_current")),
+    ("torch", ("software", "torch")),
+    ("triton", ("software", "triton")),
+    ("NCCL", ("software", "nccl")),
+    ("CuPy", ("software", "cupy")),
+    ("python", ("software", "python")),
+    ("TRITON_INTERPRET", ("software", "triton_interpret")),
+    ("git commit", ("git", "commit")),
+    ("git dirty", ("git", "dirty")),
+    ("host", ("host", "hostname")),
+    ("CPU model", ("host", "cpu_model")),
+]
+
+
+def _get(d: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    for k in path:
+        if not isinstance(d, Mapping) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _probe_samples(r: Mapping[str, Any]) -> tuple[int | None, list[float] | None]:
+    p = r.get("probe") or {}
+    return p.get("version"), p.get("samples_s")
+
+
+def _clock_mean(r: Mapping[str, Any]) -> float | None:
+    return _get(r.get("clocks") or {}, ("sm_clock_mhz", "mean"))
+
+
+def _reasons(r: Mapping[str, Any]) -> set[str]:
+    return set((r.get("clocks") or {}).get("throttle_reasons") or []) - BENIGN_REASONS
+
+
+def run_wander(doc: Mapping[str, Any]) -> float:
+    """The environment's wander within a run (log sigma), from the probe at each point."""
+    seen: dict[tuple, list[float]] = {}
+    for r in doc["records"]:
+        p = r.get("probe") or {}
+        # the probe taken before and after each point: their spread over the run is the
+        # environment's wander at the time scale of a comparison
+        meds = [p.get("before_median_s"), p.get("after_median_s")]
+        if all(meds):
+            seen[(r["case"], repr(sorted(r["axes"].items())))] = meds
+    return stats.env_wander([m for pair in seen.values() for m in pair])
+
+
+def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, env_sigma: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"case": n["case"], "axes": n["axes"], "variant": n["variant"],
+                           "base_median": None, "new_median": None, "label": "n/a", "notes": []}
+    if b["status"] != "OK" or n["status"] != "OK":
+        row["label"] = "BROKEN" if b["status"] == "OK" else f"{b['status']}->{n['status']}"
+        row["notes"].append(n.get("reason") or b.get("reason") or "")
+        return row
+    bs, ns = b["timing"]["samples_s"], n["timing"]["samples_s"]
+    row["base_median"], row["new_median"] = b["timing"]["summary"]["median"], n["timing"]["summary"]["median"]
+    (bv, bp), (nv, np_) = _probe_samples(b), _probe_samples(n)
+    probes = bool(bp and np_ and bv == nv)
+    v = stats.compare_samples(bs, ns, min_effect=min_effect, base_probe=bp if probes else None,
+                              new_probe=np_ if probes else None, env_sigma=env_sigma)
+    row.update(label=v.label, ratio=v.ratio, lo=v.lo, hi=v.hi, raw_ratio=v.raw_ratio, env_ratio=v.env_ratio,
+               explain=v.explain())
+    if b["timing"].get("mode") != n["timing"].get("mode"):
+        row["notes"].append(f"timing mode {b['timing'].get('mode')} vs {n['timing'].get('mode')}")
+    cb, cn = _clock_mean(b), _clock_mean(n)
+    if cb and cn and abs(cn / cb - 1) > CLOCK_TOLERANCE:
+        row["notes"].append(f"SM clock {cb:.0f}->{cn:.0f} MHz ({100 * (cn / cb - 1):+.1f}%)")
+    thr = _reasons(b) | _reasons(n)
+    if thr:
+        row["notes"].append("throttled: " + ", ".join(sorted(thr)))
+    return row
+
+
+def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect: float = 0.02,
+                 variant_map: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Match records and give each pair a verdict; collect the environment differences."""
+    vmap = dict(variant_map or {})
+
+    def key(r: Mapping[str, Any], side: str) -> tuple:
+        if side == "base" and r["variant"] in vmap:
+            r = {**r, "variant": vmap[r["variant"]]}
+        return record_key(r)
+
+    bmap = {key(r, "base"): r for r in base["records"]}
+    nmap = {key(r, "new"): r for r in new["records"]}
+    wander = (run_wander(base), run_wander(new))
+    env_sigma = math.hypot(*wander)
+    rows = [_pair(bmap[k], nmap[k], min_effect, env_sigma) for k in nmap if k in bmap]
+    for row, k in zip(rows, [k for k in nmap if k in bmap]):
+        if vmap and bmap[k]["variant"] != nmap[k]["variant"]:
+            row["variant"] = f"{bmap[k]['variant']}->{nmap[k]['variant']}"
+    return {
+        "rows": rows,
+        "only_base": [_label(bmap[k]) for k in bmap if k not in nmap],
+        "only_new": [_label(nmap[k]) for k in nmap if k not in bmap],
+        "env": environment_diff(base, new, rows) + _wander_lines(wander),
+        "env_sigma": env_sigma,
+        "base_run": base["run"].get("id"), "new_run": new["run"].get("id"),
+        "min_effect": min_effect,
+    }
+
+
+def _wander_lines(wander: tuple[float, float]) -> list[str]:
+    if max(wander) <= 0.01:
+        return []
+    return [f"environment wandered within the runs (probe spread ±{100 * wander[0]:.1f}% base, "
+            f"±{100 * wander[1]:.1f}% new): intervals widened by it, so smaller changes read UNSURE"]
+
+
+def _label(r: Mapping[str, Any]) -> str:
+    return f"{r['case']} {' '.join(f'{k}={v}' for k, v in r['axes'].items())} {r['variant']}"
+
+
+def environment_diff(base: Mapping[str, Any], new: Mapping[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Lines naming each difference that could explain a change without code."""
+    out = []
+    fb, fn = base.get("fingerprint") or {}, new.get("fingerprint") or {}
+    for label, path in ENV_FIELDS:
+        a, b = _get(fb, path), _get(fn, path)
+        if a != b and not (a is None and b is None):
+            out.append(f"{label}: {a} -> {b}")
+    clock_rows = [r for r in rows if any(n.startswith("SM clock") for n in r["notes"])]
+    if clock_rows:
+        out.append(f"SM clock differs by more than {100 * CLOCK_TOLERANCE:.0f}% in {len(clock_rows)} of "
+                   f"{len(rows)} cases (see each row)")
+    thr = sorted({n for r in rows for n in r["notes"] if n.startswith("throttled")})
+    if thr:
+        out.append(f"throttle reasons seen during cases: {'; '.join(t.split(': ', 1)[1] for t in thr)}")
+    tb, tn = _max_temp(base), _max_temp(new)
+    if tb is not None and tn is not None and abs(tn - tb) > TEMPERATURE_TOLERANCE_C:
+        out.append(f"max GPU temperature during cases: {tb:.0f} -> {tn:.0f} °C")
+    envs = [r["env_ratio"] for r in rows if r.get("env_ratio")]
+    if envs:
+        g = stats.geomean(envs)
+        moved = abs(g - 1) > 0.02
+        out.append(f"environment probe {'moved' if moved else 'steady'}: ×{g:.3f} (geomean over {len(envs)} points)"
+                   + ("; verdicts are corrected for it" if moved else ""))
+    for side, doc in (("base", base), ("new", new)):
+        if not doc["run"].get("complete", True):
+            out.append(f"{side} run is incomplete (interrupted or crashed): only its finished cases compared")
+    return out
+
+
+def _max_temp(doc: Mapping[str, Any]) -> float | None:
+    temps = [_get(r.get("clocks") or {}, ("temperature_c", "max")) for r in doc["records"]]
+    temps = [t for t in temps if isinstance(t, (int, float))]
+    return max(temps) if temps else None
+
+
+def _cell_ratio(r: Mapping[str, Any]) -> str:
+    if r.get("ratio") is None:
+        return "-"
+    return f"×{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
+
+
+def _cell_env(r: Mapping[str, Any]) -> str:
+    e = r.get("env_ratio")
+    return "-" if e is None or not math.isfinite(e) else f"×{e:.3f}"
+
+
+def render(result: Mapping[str, Any], fmt: str = "text") -> str:
+    tablefmt = "github" if fmt == "markdown" else "simple"
+    rows = [[r["case"], " ".join(f"{k}={v}" for k, v in r["axes"].items()), r["variant"],
+             fmt_time(r["base_median"]), fmt_time(r["new_median"]), _cell_ratio(r), _cell_env(r), r["label"],
+             "; ".join(n for n in r["notes"] if n)] for r in result["rows"]]
+    headers = ["case", "axes", "variant", "base", "new", "new/base [95% CI]", "env", "verdict", "notes"]
+    head = (f"compare {result['base_run']} -> {result['new_run']} (min effect {100 * result['min_effect']:.0f}%; "
+            "ratio corrected by the environment probe where both runs have it)")
+    parts = [f"**{head}**" if fmt == "markdown" else head,
+             tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)]
+    counts = {}
+    for r in result["rows"]:
+        counts[r["label"]] = counts.get(r["label"], 0) + 1
+    parts.append("verdicts: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    for title, items in (("only in base", result["only_base"]), ("only in new", result["only_new"])):
+        if items:
+            parts.append(f"{title}: " + "; ".join(items))
+    env_title = "### Environment" if fmt == "markdown" else "Environment:"
+    env_lines = result["env"] or ["no difference that could explain a change without code"]
+    parts.append(env_title + "\n" + "\n".join(f"- {line}" for line in env_lines))
+    return "\n\n".join(parts) + "\n"

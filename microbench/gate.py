@@ -1,0 +1,170 @@
+"""The correctness gate: a variant that is not correct is not timed.
+
+For each variant, at the case's own shape: fresh seeded random inputs, outputs poisoned
+(NaN for floating point, a sentinel for integers) so that an element the kernel never
+wrote fails, one call, then every output compared in fp32 with the reference. NaN or Inf
+in the output fails whatever the tolerance. A failure explains itself: how many elements
+are off, the worst one (index, got, want), the max abs and rel error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+#: Integer outputs are poisoned with this value (no index or count is ever -2**31 + 7).
+INT_POISON = -(2**31) + 7
+
+
+@dataclass
+class MismatchReport:
+    """How one output compares with its reference."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    numel: int
+    atol: float
+    rtol: float
+    mismatched: int = 0
+    nan: int = 0
+    inf: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst_index: list[int] | None = None
+    worst_got: float | None = None
+    worst_want: float | None = None
+    error: str | None = None  # shape / dtype problems
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.mismatched == 0 and self.nan == 0 and self.inf == 0
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"{self.name}: {self.error}"
+        if self.passed:
+            return f"{self.name}: ok (max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g})"
+        parts = [f"{self.name} {tuple(self.shape)} {self.dtype}: {self.mismatched}/{self.numel} elements off"]
+        if self.nan or self.inf:
+            parts.append(f"{self.nan} NaN, {self.inf} Inf")
+        if self.worst_index is not None:
+            parts.append(f"worst at {tuple(self.worst_index)}: got {self.worst_got:.6g}, want {self.worst_want:.6g}")
+        parts.append(f"max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g} (atol {self.atol:g}, rtol {self.rtol:g})")
+        return "; ".join(parts)
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    seed: int
+    checked: bool = True  # False only when the case has nothing to check (says why)
+    reports: list[MismatchReport] = field(default_factory=list)
+    reason: str | None = None
+
+    def summary(self) -> str:
+        if not self.checked:
+            return f"not checked: {self.reason}"
+        if self.passed:
+            return "ok"
+        return "; ".join(str(r) for r in self.reports if not r.passed) or (self.reason or "failed")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["summary"] = self.summary()
+        return d
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill an output with values no correct kernel leaves behind."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(max(INT_POISON, torch.iinfo(t.dtype).min))
+    return t
+
+
+def compare(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, name: str = "out") -> MismatchReport:
+    """Compare ``got`` with ``want`` elementwise in fp32: |got - want| <= atol + rtol*|want|.
+
+    Integer and bool outputs must match exactly. NaN/Inf in ``got`` always fail (a NaN in
+    ``want`` means a broken reference and is reported as such).
+    """
+    rep = MismatchReport(name, list(got.shape), str(got.dtype).replace("torch.", ""), got.numel(), atol, rtol)
+    if tuple(got.shape) != tuple(want.shape):
+        rep.error = f"shape {tuple(got.shape)} but the reference has {tuple(want.shape)}"
+        return rep
+    exact = not (got.is_floating_point() or want.is_floating_point())
+    g = got.detach().to("cpu", torch.float64 if exact else torch.float32)
+    w = want.detach().to("cpu", torch.float64 if exact else torch.float32)
+    if not torch.isfinite(w).all():
+        rep.error = "the reference itself has NaN/Inf"
+        return rep
+    nan, inf = torch.isnan(g), torch.isinf(g)
+    rep.nan, rep.inf = int(nan.sum()), int(inf.sum())
+    diff = (g - w).abs()
+    bound = torch.zeros_like(w) if exact else atol + rtol * w.abs()
+    bad = (diff > bound) | nan | inf
+    rep.mismatched = int(bad.sum())
+    finite = ~(nan | inf)
+    if g.numel():
+        d = torch.where(finite, diff, torch.zeros_like(diff))
+        rep.max_abs = float(d.max())
+        rep.max_rel = float((d / w.abs().clamp_min(1e-12)).max())
+        # worst = the element furthest past its bound; non-finite ones first
+        excess = torch.where(finite, diff - bound, torch.full_like(diff, float("inf")))
+        flat = int(torch.argmax(excess))
+        if rep.mismatched:
+            idx = list(torch.unravel_index(torch.tensor(flat), g.shape)) if g.dim() else []
+            rep.worst_index = [int(i) for i in idx]
+            rep.worst_got = float(g.reshape(-1)[flat])
+            rep.worst_want = float(w.reshape(-1)[flat])
+    return rep
+
+
+def check_variant(
+    fn: Callable[..., Any],
+    inputs: Mapping[str, Any],
+    outputs: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    *,
+    atol: float,
+    rtol: float,
+    seed: int,
+) -> GateResult:
+    """Poison ``outputs``, call ``fn(**inputs, **outputs)`` once, compare with ``expected``.
+
+    ``expected`` names outputs, or inputs the variant must update in place.
+    If ``fn`` returns tensors they are taken as its outputs (in the order of ``outputs``).
+    Exceptions from ``fn`` propagate to the caller, which records them.
+    """
+    if not expected:
+        return GateResult(passed=True, seed=seed, checked=False, reason="the case writes no output to check")
+    for t in outputs.values():
+        poison_(t)
+    ret = fn(**inputs, **outputs)
+    # An expected name may be an input the variant updates in place (e.g. the residual
+    # of a fused add + RMSNorm); the reference was computed before the call.
+    got = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    got.update(outputs)
+    if ret is not None:
+        rets = ret if isinstance(ret, (tuple, list)) else (ret,)
+        names = list(outputs) or list(expected)
+        got.update({n: r for n, r in zip(names, rets) if r is not None})
+    if _is_cuda(got):
+        torch.cuda.synchronize()
+    reports = []
+    for name, want in expected.items():
+        if name not in got:
+            reports.append(MismatchReport(name, list(want.shape), "-", want.numel(), atol, rtol, error="not produced"))
+            continue
+        reports.append(compare(got[name], want, atol=atol, rtol=rtol, name=name))
+    return GateResult(passed=all(r.passed for r in reports), seed=seed, reports=reports)
+
+
+def _is_cuda(tensors: Mapping[str, Any]) -> bool:
+    return any(getattr(t, "is_cuda", False) for t in tensors.values())

@@ -1,0 +1,488 @@
+"""Model shapes as data: a frozen description read from a Hugging Face ``config.json``.
+
+Every size a kernel, case or step-time model uses comes from here, so no number like
+7168 appears anywhere but a config file.  Two layers:
+
+* :class:`ModelConfig` — the DeepSeek-V3-family text model as its ``config.json`` states it
+  (MLA attention, routed + shared experts, dense first layers) and how its weights are
+  quantised (:class:`Quantization`).  Kimi-K2.5 nests the text model under
+  ``"text_config"``; its ``quantization_config`` may sit at the top level or inside
+  ``text_config``.  Both forms, and the flat DeepSeek-V3 form, are read.
+* :class:`RankShapes` — what one rank holds under a :class:`ParallelLayout` (tp, ep).
+
+Shipped configs live in ``microbench.cases`` under ``models/<name>.json``.  Any error in a
+config is a :class:`ConfigError` whose one-line message names the file and the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+__all__ = ["ConfigError", "ModelConfig", "ParallelLayout", "Quantization", "RankShapes", "cases_dir",
+           "list_models", "load_model", "rank_shapes"]
+
+# Activations (and therefore the TP allreduce payload) travel in bf16: 2 bytes per value.
+ACTIVATION_BYTES = 2
+
+# Hugging Face spells dtypes as torch names; the project's short names are what kernels,
+# cases and tables use.
+_DTYPE_NAMES = {
+    "bfloat16": "bf16", "torch.bfloat16": "bf16", "bf16": "bf16",
+    "float16": "fp16", "torch.float16": "fp16", "fp16": "fp16", "half": "fp16",
+    "float32": "fp32", "torch.float32": "fp32", "fp32": "fp32", "float": "fp32",
+}
+
+
+class ConfigError(ValueError):
+    """A model or hardware config that cannot be used; the message is one line naming the
+    file and the key at fault."""
+
+
+def cases_dir(kind: str) -> str:
+    """The folder of shipped ``<kind>`` JSON files (``"models"`` or ``"hardware"``) inside
+    the ``microbench.cases`` package.
+
+    Found through the import system without executing ``microbench.cases`` (whose
+    ``__init__`` defines cases and may import this module), so it works both from an
+    installed package and from a plain checkout.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("microbench.cases")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise ConfigError("cannot locate the microbench.cases package (is microbench installed?)")
+    return os.path.join(locations[0], kind)
+
+
+def _shipped(kind: str) -> dict[str, str]:
+    """Shipped name -> path for ``<kind>/*.json``."""
+    folder = cases_dir(kind)
+    if not os.path.isdir(folder):
+        return {}
+    return {f[:-5]: os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".json")}
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    """The top-level JSON object of ``path``; a clear ConfigError for anything else."""
+    label = os.path.basename(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{label}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{label}: cannot read: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{label}: top level must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+# ---- Typed field readers: each names the file and the key in its error. --------------
+
+def _get(d: Mapping[str, Any], key: str, label: str) -> Any:
+    if key not in d:
+        raise ConfigError(f"{label}: missing key {key!r}")
+    return d[key]
+
+
+def _int(d: Mapping[str, Any], key: str, label: str, minimum: int = 1) -> int:
+    v = _get(d, key, label)
+    # bool is an int subclass in Python; `true` as a size is a typo, not 1.
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{label}: key {key!r} must be an integer, got {type(v).__name__} {v!r}")
+    if v < minimum:
+        what = "positive" if minimum == 1 else f">= {minimum}"
+        raise ConfigError(f"{label}: key {key!r} must be {what}, got {v}")
+    return v
+
+
+def _opt_int(d: Mapping[str, Any], key: str, label: str) -> int | None:
+    return None if _get(d, key, label) is None else _int(d, key, label)
+
+
+def _float(d: Mapping[str, Any], key: str, label: str) -> float:
+    v = _get(d, key, label)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{label}: key {key!r} must be a number, got {type(v).__name__} {v!r}")
+    if not v > 0:
+        raise ConfigError(f"{label}: key {key!r} must be positive, got {v}")
+    return float(v)
+
+
+def _str(d: Mapping[str, Any], key: str, label: str) -> str:
+    v = _get(d, key, label)
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{label}: key {key!r} must be a non-empty string, got {v!r}")
+    return v
+
+
+def _bool(d: Mapping[str, Any], key: str, label: str) -> bool:
+    v = _get(d, key, label)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{label}: key {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def _dtype(d: Mapping[str, Any], label: str) -> str:
+    """The model's unquantised dtype (``torch_dtype``, or ``dtype`` in newer configs)."""
+    raw = d.get("torch_dtype", d.get("dtype", "bfloat16"))
+    name = _DTYPE_NAMES.get(str(raw).lower())
+    if name is None:
+        raise ConfigError(f"{label}: key 'torch_dtype' has unsupported dtype {raw!r}")
+    return name
+
+
+# ---- Quantization --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Quantization:
+    """How the weights are stored.
+
+    ``routed_experts`` is the storage of the routed-expert GEMM weights ("int4", "fp8" or
+    "bf16"); ``other`` that of everything else (attention, shared experts, dense MLP).
+    ``group_size`` is the number of consecutive K-elements sharing one scale (INT4 group
+    quantisation), ``weight_block`` the ``[N, K]`` tile sharing one scale (FP8 block
+    quantisation); ``scale_dtype`` the dtype the scales are stored in; ``source`` says
+    where in the config this was read.
+    """
+
+    routed_experts: str
+    group_size: int | None
+    symmetric: bool | None
+    scale_dtype: str | None
+    source: str
+    other: str
+    weight_block: tuple[int, int] | None = None
+
+    @property
+    def routed_bits(self) -> int:
+        """Bits per routed-expert weight element (scales not counted)."""
+        return {"int4": 4, "fp8": 8, "bf16": 16}[self.routed_experts]
+
+
+def _ct_matches(pattern: str, name: str) -> bool:
+    """compressed-tensors name matching: ``re:`` prefixes a regex (``re.match``), anything
+    else is an exact module name or a trailing component of one."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return name == pattern or name.endswith("." + pattern)
+
+
+def _ct_scheme(names: list[str], groups: Mapping[str, Any], ignore: list[str], label: str) -> dict | None:
+    """The ``weights`` scheme that applies to a module known by any of ``names``, or None
+    when it stays unquantised (ignored, or targeted by no group)."""
+    if any(_ct_matches(p, n) for p in ignore for n in names):
+        return None
+    for gname, group in groups.items():
+        if not isinstance(group, Mapping):
+            raise ConfigError(f"{label}: quantization_config.config_groups.{gname} must be an object")
+        targets = group.get("targets", [])
+        # "Linear" targets a module class: every projection in these models is a Linear.
+        if any(t == "Linear" or any(_ct_matches(t, n) for n in names) for t in targets):
+            weights = group.get("weights")
+            if weights is not None and not isinstance(weights, Mapping):
+                raise ConfigError(f"{label}: quantization_config.config_groups.{gname}.weights must be an object")
+            return dict(weights) if weights is not None else None
+    return None
+
+
+def _ct_storage(w: Mapping[str, Any], label: str) -> str:
+    bits, kind = w.get("num_bits"), w.get("type")
+    if (bits, kind) == (4, "int"):
+        return "int4"
+    if (bits, kind) == (8, "float"):
+        return "fp8"
+    raise ConfigError(f"{label}: quantization_config weights num_bits={bits} type={kind!r} is not supported "
+                      "(int4 or fp8)")
+
+
+def _module_names(suffix: str, nested: bool) -> list[str]:
+    # Kimi-K2.5's text model sits under `language_model.` in its checkpoint.
+    names = [f"model.layers.{suffix}"]
+    return names + [f"language_model.model.layers.{suffix}"] if nested else names
+
+
+def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], nested: bool, label: str) -> Quantization:
+    base = _dtype(text if ("torch_dtype" in text or "dtype" in text) else top, label)
+    qc = text.get("quantization_config", top.get("quantization_config"))
+    if qc is None:
+        return Quantization(base, None, None, None, f"{label}: no quantization_config ({base} weights)", base)
+    if not isinstance(qc, Mapping):
+        raise ConfigError(f"{label}: key 'quantization_config' must be an object")
+    method = _str(qc, "quant_method", f"{label}: quantization_config")
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        if block is not None and not (isinstance(block, list) and len(block) == 2
+                                      and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise ConfigError(f"{label}: key 'weight_block_size' must be two positive integers, got {block!r}")
+        # DeepSeek-V3 FP8 checkpoints store one fp32 `weight_scale_inv` per 128x128 block.
+        src = f"{label}: quantization_config fp8 {qc.get('fmt', 'e4m3')} block {block}"
+        return Quantization("fp8", None, True, "fp32", src, "fp8", tuple(block) if block else None)
+    if method != "compressed-tensors":
+        raise ConfigError(f"{label}: quantization_config quant_method {method!r} is not supported "
+                          "(fp8 or compressed-tensors)")
+    groups = _get(qc, "config_groups", f"{label}: quantization_config")
+    ignore = qc.get("ignore") or []
+    if not isinstance(groups, Mapping) or not isinstance(ignore, list):
+        raise ConfigError(f"{label}: quantization_config config_groups must be an object and ignore a list")
+    moe_layer = text.get("first_k_dense_replace", 0)
+    w = _ct_scheme(_module_names(f"{moe_layer}.mlp.experts.0.down_proj", nested), groups, ignore, label)
+    attn = _ct_scheme(_module_names("0.self_attn.kv_b_proj", nested), groups, ignore, label)
+    other = base if attn is None else _ct_storage(attn, label)
+    fmt = qc.get("format", "?")
+    if w is None:
+        return Quantization(base, None, None, None, f"{label}: compressed-tensors {fmt}, routed experts ignored", other)
+    storage, strategy = _ct_storage(w, label), w.get("strategy")
+    group = w.get("group_size") if strategy == "group" else None
+    block = tuple(w["block_structure"]) if strategy == "block" and w.get("block_structure") else None
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group <= 0):
+        raise ConfigError(f"{label}: key 'group_size' must be a positive integer, got {group!r}")
+    sym = w.get("symmetric")
+    scale = w.get("scale_dtype")
+    # Without an explicit scale dtype, compressed-tensors stores scales in the model dtype.
+    scale_name = _DTYPE_NAMES.get(str(scale).lower(), str(scale)) if scale is not None else base
+    src = f"{label}: quantization_config compressed-tensors {fmt}, {strategy} strategy"
+    return Quantization(storage, group, None if sym is None else bool(sym), scale_name, src, other, block)
+
+
+# ---- ModelConfig ---------------------------------------------------------------------
+
+_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
+             "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+             "num_experts_per_tok", "moe_intermediate_size", "intermediate_size", "vocab_size",
+             "n_group", "topk_group")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A DeepSeek-V3-family text model, as its ``config.json`` states it.
+
+    Attention is MLA: queries go through a ``q_lora_rank`` bottleneck (None: a direct
+    projection) into ``num_attention_heads`` heads of ``qk_nope_head_dim + qk_rope_head_dim``;
+    the KV cache holds one shared latent of ``kv_lora_rank + qk_rope_head_dim`` per token.
+    Layers ``< first_k_dense_replace`` have a dense MLP of ``intermediate_size``; the rest
+    (every ``moe_layer_freq``-th) route each token to ``num_experts_per_tok`` of
+    ``n_routed_experts`` experts of ``moe_intermediate_size`` plus ``n_shared_experts``.
+    """
+
+    name: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    intermediate_size: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    vocab_size: int
+    n_group: int
+    topk_group: int
+    routed_scaling_factor: float
+    scoring_func: str
+    topk_method: str | None
+    norm_topk_prob: bool
+    rms_norm_eps: float
+    quant: Quantization
+    moe_layer_freq: int = 1
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key head width: ``qk_nope_head_dim + qk_rope_head_dim`` (192)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def kv_cache_dim(self) -> int:
+        """Per-token latent KV cache width: ``kv_lora_rank + qk_rope_head_dim`` (576)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def n_moe_layers(self) -> int:
+        """Layers with routed experts: index ``>= first_k_dense_replace`` and a multiple of
+        ``moe_layer_freq`` (HF DeepseekV3 rule)."""
+        return sum(1 for i in range(self.first_k_dense_replace, self.num_hidden_layers)
+                   if i % self.moe_layer_freq == 0)
+
+    @property
+    def n_dense_layers(self) -> int:
+        """Layers with a dense MLP: ``num_hidden_layers - n_moe_layers``."""
+        return self.num_hidden_layers - self.n_moe_layers
+
+    @classmethod
+    def from_hf(cls, source: str | os.PathLike | Mapping[str, Any], name: str | None = None) -> "ModelConfig":
+        """Read a Hugging Face ``config.json`` (a path, a folder holding one, or the parsed
+        dict).  ``name`` defaults to the file's stem (or folder name for ``config.json``)."""
+        if isinstance(source, Mapping):
+            top, label = source, name or "<config dict>"
+            name = name or str(source.get("_name_or_path") or source.get("model_type") or "model")
+        else:
+            path = os.fspath(source)
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            top, label = _read_json(path), os.path.basename(path)
+            stem = os.path.splitext(label)[0]
+            name = name or (os.path.basename(os.path.dirname(os.path.abspath(path))) if stem == "config" else stem)
+        nested = "text_config" in top
+        text = top["text_config"] if nested else top
+        if not isinstance(text, Mapping):
+            raise ConfigError(f"{label}: key 'text_config' must be an object")
+        sizes = {k: _int(text, k, label) for k in _INT_KEYS}
+        model = cls(
+            name=name,
+            q_lora_rank=_opt_int(text, "q_lora_rank", label),
+            n_shared_experts=_int(text, "n_shared_experts", label, minimum=0),
+            first_k_dense_replace=_int(text, "first_k_dense_replace", label, minimum=0),
+            routed_scaling_factor=_float(text, "routed_scaling_factor", label),
+            scoring_func=_str(text, "scoring_func", label),
+            topk_method=None if text.get("topk_method") is None else _str(text, "topk_method", label),
+            norm_topk_prob=_bool(text, "norm_topk_prob", label),
+            rms_norm_eps=_float(text, "rms_norm_eps", label),
+            quant=_quantization(top, text, nested, label),
+            moe_layer_freq=_int(text, "moe_layer_freq", label) if "moe_layer_freq" in text else 1,
+            **sizes,
+        )
+        model._check(label)
+        return model
+
+    def _check(self, label: str) -> None:
+        """Relations between keys that the HF model code (grouped top-k routing) assumes."""
+        for small, big in (("num_experts_per_tok", "n_routed_experts"), ("topk_group", "n_group"),
+                           ("first_k_dense_replace", "num_hidden_layers")):
+            if getattr(self, small) > getattr(self, big):
+                raise ConfigError(f"{label}: {small}={getattr(self, small)} exceeds {big}={getattr(self, big)}")
+        if self.n_routed_experts % self.n_group:
+            raise ConfigError(f"{label}: n_group={self.n_group} does not divide n_routed_experts={self.n_routed_experts}")
+
+
+def list_models() -> list[str]:
+    """Names of the shipped model configs (``microbench.cases/models/*.json``), sorted."""
+    return sorted(_shipped("models"))
+
+
+def load_model(name_or_path: str) -> ModelConfig:
+    """A shipped model by name (``"kimi-k2.5"``, ``"deepseek-v3"``) or a config at a path."""
+    shipped = _shipped("models")
+    key = str(name_or_path)
+    if key in shipped:
+        return ModelConfig.from_hf(shipped[key], name=key)
+    if key.endswith(".json") or os.sep in key or os.path.exists(key):
+        return ModelConfig.from_hf(key)
+    raise ConfigError(f"unknown model {key!r}; shipped models: {', '.join(sorted(shipped)) or 'none'} "
+                      "(or pass the path of a config.json)")
+
+
+# ---- Parallel layout -> per-rank shapes ----------------------------------------------
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Tensor-parallel degree ``tp`` and expert-parallel degree ``ep`` (1 or ``tp``)."""
+
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for key in ("tp", "ep"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"ParallelLayout: {key} must be a positive integer, got {v!r}")
+
+
+@dataclass(frozen=True)
+class RankShapes:
+    """The shapes one rank works on; every component reads its sizes from here.
+
+    Attention (heads split across TP ranks; the latent KV cache is replicated):
+      heads_per_rank     = num_attention_heads / tp
+      q_head_dim         = qk_nope_head_dim + qk_rope_head_dim
+      kv_lora_rank, qk_rope_head_dim, v_head_dim, q_lora_rank: as in the config
+      kv_cache_dim       = kv_lora_rank + qk_rope_head_dim           (576)
+      hidden             = hidden_size
+    Routed experts — one of two layouts:
+      ep == 1  (TP-sharded): every rank holds all experts, each sliced along its
+               intermediate dim: experts_per_rank = n_routed_experts,
+               moe_intermediate_per_rank = moe_intermediate_size / tp
+      ep == tp (EP-distributed): each rank owns whole experts:
+               experts_per_rank = n_routed_experts / ep,
+               moe_intermediate_per_rank = moe_intermediate_size
+      top_k              = num_experts_per_tok
+    Always TP-sharded:
+      shared_intermediate_per_rank = n_shared_experts * moe_intermediate_size / tp
+      dense_intermediate_per_rank  = intermediate_size / tp
+      vocab_per_rank               = vocab_size / tp
+    Communication:
+      allreduce_bytes_per_token    = hidden_size * 2   (one bf16 row per token, per allreduce)
+    """
+
+    model: ModelConfig
+    layout: ParallelLayout
+    heads_per_rank: int
+    q_head_dim: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    kv_cache_dim: int
+    v_head_dim: int
+    hidden: int
+    q_lora_rank: int | None
+    experts_per_rank: int
+    top_k: int
+    moe_intermediate_per_rank: int
+    shared_intermediate_per_rank: int
+    dense_intermediate_per_rank: int
+    vocab_per_rank: int
+    allreduce_bytes_per_token: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The per-rank sizes with the model name and layout, for recording in a result."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("model", "layout")}
+        return {"model": self.model.name, "tp": self.layout.tp, "ep": self.layout.ep, **d}
+
+
+def _split(total: int, parts: int, what: str, by: str) -> int:
+    if total % parts:
+        raise ConfigError(f"{by}={parts} does not divide {what}={total}")
+    return total // parts
+
+
+def rank_shapes(model: ModelConfig, layout: ParallelLayout) -> RankShapes:
+    """Per-rank shapes of ``model`` under ``layout``; ConfigError when the layout does not
+    split the model evenly (tp must divide heads, vocab and every TP-sharded intermediate
+    size; ep must be 1 or tp and divide the experts; a quantised expert's per-rank K must
+    hold whole scale groups/blocks)."""
+    tp, ep = layout.tp, layout.ep
+    if ep not in (1, tp):
+        raise ConfigError(f"ep={ep} must be 1 (TP-sharded experts) or equal tp={tp} (EP-distributed experts)")
+    experts = _split(model.n_routed_experts, ep, "n_routed_experts", "ep")
+    heads = _split(model.num_attention_heads, tp, "num_attention_heads", "tp")
+    moe_inter = (_split(model.moe_intermediate_size, tp, "moe_intermediate_size", "tp") if ep == 1
+                 else model.moe_intermediate_size)
+    q = model.quant
+    # The down projection's K is the per-rank intermediate: a scale group or FP8 block
+    # split across ranks has no owner (servers reject such layouts at weight load).
+    unit = q.group_size or (q.weight_block[1] if q.weight_block else None)
+    if unit and moe_inter % unit:
+        raise ConfigError(f"moe_intermediate_per_rank={moe_inter} is not a multiple of the "
+                          f"{q.routed_experts} scale group of {unit} (tp={tp})")
+    shared = (_split(model.n_shared_experts * model.moe_intermediate_size, tp,
+                     "n_shared_experts*moe_intermediate_size", "tp") if model.n_shared_experts else 0)
+    dense = _split(model.intermediate_size, tp, "intermediate_size", "tp") if model.n_dense_layers else 0
+    return RankShapes(
+        model=model, layout=layout, heads_per_rank=heads, q_head_dim=model.qk_head_dim,
+        kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim,
+        kv_cache_dim=model.kv_cache_dim, v_head_dim=model.v_head_dim, hidden=model.hidden_size,
+        q_lora_rank=model.q_lora_rank, experts_per_rank=experts, top_k=model.num_experts_per_tok,
+        moe_intermediate_per_rank=moe_inter, shared_intermediate_per_rank=shared,
+        dense_intermediate_per_rank=dense, vocab_per_rank=_split(model.vocab_size, tp, "vocab_size", "tp"),
+        allreduce_bytes_per_token=model.hidden_size * ACTIVATION_BYTES,
+    )

@@ -1,0 +1,137 @@
+"""Tables of one run: text for the terminal, GitHub markdown for a PR, CSV for a sheet.
+
+One table per case (each case has its own axes). Columns: the axes, variant, status,
+median time, ±noise (half-width of the median's 95% CI, relative), samples and the rule
+that stopped them, GB/s, TFLOP/s, % of the floor (floor = max(bytes / bandwidth,
+FLOPs / matmul rate) over the measured time: 100% is the roofline), and the ratio to
+the case's baseline variant with its verdict.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import OrderedDict
+from typing import Any, Iterable
+
+from tabulate import tabulate
+
+FORMATS = ("text", "markdown", "csv")
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3f} {unit}" if unit != "s" else f"{s:.3f} s"
+    return f"{s / 1e-9:.1f} ns"
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def _verdict_cell(vb: dict[str, Any] | None) -> str:
+    if not vb:
+        return ""
+    return f"×{vb['ratio']:.3f} [{vb['lo']:.3f}, {vb['hi']:.3f}] {vb['label']}"
+
+
+def group_by_case(records: Iterable[dict[str, Any]]) -> "OrderedDict[str, list[dict[str, Any]]]":
+    groups: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+    for r in records:
+        groups.setdefault(r["case"], []).append(r)
+    return groups
+
+
+def _row(r: dict[str, Any], axes: list[str]) -> list[Any]:
+    t = (r.get("timing") or {}).get("summary") or {}
+    timing = r.get("timing") or {}
+    status = r["status"] if r["status"] == "OK" else f"{r['status']}: {_short(r.get('reason'))}"
+    return [*(r["axes"].get(a, "") for a in axes), r["variant"], status, fmt_time(t.get("median")),
+            _num(100 * t["rel_noise"], ".2f") + "%" if t else "-",
+            f"{t['count']} {timing.get('stop_reason', '')}" if t else "-",
+            _num(r.get("gbps"), ".1f"), _num(r.get("tflops"), ".2f"), _num(r.get("pct_of_floor"), ".1f"),
+            _verdict_cell(r.get("vs_baseline"))]
+
+
+def _short(reason: str | None, n: int = 70) -> str:
+    reason = (reason or "").replace("\n", " ")
+    return reason if len(reason) <= n else reason[: n - 1] + "…"
+
+
+HEADERS = ["variant", "status", "median", "±noise", "n (stop)", "GB/s", "TFLOP/s", "% floor", "vs baseline"]
+
+
+def describe_run(doc: dict[str, Any]) -> str:
+    """One paragraph on where the numbers come from: device, timer, mode, floors."""
+    run, fp = doc["run"], doc.get("fingerprint", {})
+    dev = fp.get("device", {})
+    name = dev.get("name") or (fp.get("host") or {}).get("cpu_model") or run.get("device")
+    modes = sorted({(r.get("timing") or {}).get("mode") for r in doc["records"] if r.get("timing")} - {None})
+    lines = [f"device: {run.get('device')} ({name}); suite {run.get('suite')}; timing mode {', '.join(modes) or '-'}"
+             f"; {'interleaved' if run.get('interleave') else 'sequential'}; seed {run.get('seed')}"]
+    if str(run.get("device", "")).startswith("cpu"):
+        interp = (fp.get("software") or {}).get("triton_interpret")
+        lines.append("CPU timings" + (" (Triton kernels under the interpreter)" if interp == "1" else "")
+                     + ": they check the harness end to end; they are not GPU performance.")
+    ceil = run.get("ceilings") or {}
+    if ceil:
+        parts = [f"{k} {_ceiling_text(k, v)} ({v['source']})" for k, v in ceil.items()]
+        lines.append("ceilings measured in this run: " + "; ".join(parts))
+    srcs = sorted({r["floor_source"] for r in doc["records"] if r.get("floor_source")})
+    if srcs:
+        lines.append("% floor against: " + "; ".join(srcs))
+    if not run.get("complete", True):
+        lines.append("INCOMPLETE run" + (" (interrupted)" if run.get("interrupted") else "") + ": finished cases only.")
+    return "\n".join(lines)
+
+
+def _ceiling_text(kind: str, v: dict[str, Any]) -> str:
+    if kind == "memory_bandwidth":
+        return f"{v['value'] / 1e9:.1f} GB/s"
+    if kind == "matmul_flops":
+        return f"{v['value'] / 1e12:.2f} TFLOP/s"
+    return fmt_time(v["value"])
+
+
+def render(doc: dict[str, Any], fmt: str = "text") -> str:
+    """The run's tables in ``fmt`` (text | markdown | csv)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    if fmt == "csv":
+        return render_csv(doc["records"])
+    tablefmt = "github" if fmt == "markdown" else "simple"
+    out = []
+    head = describe_run(doc)
+    out.append("\n".join(f"_{line}_" for line in head.splitlines()) if fmt == "markdown" else head)
+    for case, recs in group_by_case(doc["records"]).items():
+        axes = list(OrderedDict.fromkeys(a for r in recs for a in r["axes"]))
+        title = f"### {case}" if fmt == "markdown" else f"== {case} =="
+        table = tabulate([_row(r, axes) for r in recs], headers=axes + HEADERS, tablefmt=tablefmt, disable_numparse=True)
+        out.append(f"{title}\n{table}")
+    return "\n\n".join(out) + "\n"
+
+
+CSV_FIELDS = ["case", "axes", "variant", "device", "status", "reason", "median_s", "mean_s", "min_s", "p20_s",
+              "p80_s", "rel_noise", "count", "stop_reason", "mode", "bytes", "flops", "gbps", "tflops",
+              "pct_of_floor", "floor_source", "vs_baseline_ratio", "vs_baseline_lo", "vs_baseline_hi",
+              "vs_baseline_label"]
+
+
+def render_csv(records: Iterable[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(CSV_FIELDS)
+    for r in records:
+        t = (r.get("timing") or {})
+        s = t.get("summary") or {}
+        vb = r.get("vs_baseline") or {}
+        w.writerow([r["case"], " ".join(f"{k}={v}" for k, v in r["axes"].items()), r["variant"], r.get("device"),
+                    r["status"], r.get("reason") or "", s.get("median"), s.get("mean"), s.get("min"), s.get("p20"),
+                    s.get("p80"), s.get("rel_noise"), s.get("count"), t.get("stop_reason"), t.get("mode"),
+                    r.get("bytes"), r.get("flops"), r.get("gbps"), r.get("tflops"), r.get("pct_of_floor"),
+                    r.get("floor_source"), vb.get("ratio"), vb.get("lo"), vb.get("hi"), vb.get("label")])
+    return buf.getvalue()

@@ -1,0 +1,161 @@
+"""Result files: one JSON document per run, versioned, written atomically, never overwritten.
+
+Schema (``schema = "microbench.result"``, ``schema_version = 1``)::
+
+    {
+      "schema": "microbench.result", "schema_version": 1,
+      "run": {"id", "started_utc", "finished_utc", "complete": bool, "interrupted": bool,
+              "argv", "suite", "cases", "device", "seed", "interleave", "timing": {...},
+              "ceilings": {"memory_bandwidth": {"value", "unit", "source"}, ...}},
+      "fingerprint": {... microbench.env.fingerprint() ...},
+      "records": [ {
+          "case", "axes": {...}, "variant", "device", "status": "OK" | "FAILED" | "SKIPPED",
+          "reason": str | null,            # why SKIPPED / FAILED
+          "correctness": {"passed", "seed", "checked", "reports": [...], "summary"} | null,
+          "timing": Measurement.to_dict() | null,   # raw samples in "samples_s"
+          "bytes", "flops", "gbps", "tflops", "floor_s", "pct_of_floor", "floor_source",
+          "clocks": ClockSampler.result() | null,   # NVML during the point
+          "probe": {"median_s", "samples_s"} | null, # the environment probe beside the point
+          "vs_baseline": Verdict.to_dict() | null
+      } ]
+    }
+
+The file is named ``<UTC time>_<host>_<short sha>.json`` and claimed with an exclusive
+create, so two runs never share a name; every later write replaces it atomically
+(temporary file + ``os.replace``), so a crash or Ctrl-C leaves the cases finished so far,
+marked ``complete: false``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import socket
+import tempfile
+from typing import Any, Iterable
+
+SCHEMA = "microbench.result"
+SCHEMA_VERSION = 1
+STATUSES = ("OK", "FAILED", "SKIPPED")
+
+
+class ResultError(ValueError):
+    """A result file that cannot be used: unreadable, foreign, or of another schema version."""
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", s).strip("-") or "host"
+
+
+def result_filename(short_sha: str | None, host: str | None = None, when: _dt.datetime | None = None) -> str:
+    when = when or _dt.datetime.now(_dt.timezone.utc)
+    return f"{when.strftime('%Y%m%dT%H%M%SZ')}_{_slug(host or socket.gethostname())}_{short_sha or 'nogit'}.json"
+
+
+def _claim(directory: str, name: str) -> str:
+    """Create ``name`` (or name-1, name-2, ...) exclusively; return the path claimed."""
+    stem, ext = os.path.splitext(name)
+    for i in range(1000):
+        path = os.path.join(directory, name if i == 0 else f"{stem}-{i}{ext}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return path
+    raise ResultError(f"{directory}: could not claim a new result file name for {name}")
+
+
+def write_atomic(path: str, doc: dict[str, Any]) -> None:
+    """Write JSON to ``path`` through a temporary file in the same folder + os.replace."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, allow_nan=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class ResultWriter:
+    """Owns one result file for one run; ``add`` records and ``flush`` after each point."""
+
+    def __init__(self, out_dir: str, run: dict[str, Any], fingerprint: dict[str, Any]):
+        os.makedirs(out_dir, exist_ok=True)
+        short = (fingerprint.get("git") or {}).get("short")
+        host = (fingerprint.get("host") or {}).get("hostname")
+        self.path = _claim(out_dir, result_filename(short, host))
+        self.doc: dict[str, Any] = {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "run": {"complete": False, "interrupted": False, **run},
+            "fingerprint": fingerprint,
+            "records": [],
+        }
+        self.flush()
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.doc["records"]
+
+    def add(self, records: Iterable[dict[str, Any]]) -> None:
+        self.doc["records"].extend(records)
+
+    def flush(self) -> None:
+        write_atomic(self.path, self.doc)
+
+    def close(self, *, complete: bool, interrupted: bool = False, error: str | None = None) -> str:
+        self.doc["run"].update(complete=complete, interrupted=interrupted, finished_utc=utc_now())
+        if error:
+            self.doc["run"]["error"] = error
+        self.flush()
+        return self.path
+
+
+def load(path: str) -> dict[str, Any]:
+    """Read and validate a result file; raises ResultError with one clear line."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ResultError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultError(f"{path}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ResultError(f"{path}: not a JSON result file ({e.msg} at line {e.lineno})") from None
+    validate(doc, path)
+    return doc
+
+
+def validate(doc: Any, path: str = "result") -> None:
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ResultError(f"{path}: not a microbench result file (no schema {SCHEMA!r})")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ResultError(
+            f"{path}: schema version {version} but this microbench reads version {SCHEMA_VERSION}"
+        )
+    if not isinstance(doc.get("records"), list) or not isinstance(doc.get("run"), dict):
+        raise ResultError(f"{path}: malformed result file (missing run or records)")
+    for i, r in enumerate(doc["records"]):
+        if not isinstance(r, dict) or not {"case", "axes", "variant", "status"} <= r.keys():
+            raise ResultError(f"{path}: record {i} is malformed (needs case, axes, variant, status)")
+        if r["status"] not in STATUSES:
+            raise ResultError(f"{path}: record {i} has unknown status {r['status']!r}")
+
+
+def record_key(r: dict[str, Any]) -> tuple:
+    """Identity of a record across runs: case id, axis values, variant."""
+    return (r["case"], tuple(sorted((k, json.dumps(v)) for k, v in r["axes"].items())), r["variant"])

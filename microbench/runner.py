@@ -1,0 +1,271 @@
+"""The run loop: case -> points -> inputs -> gate -> timer -> record.
+
+For each point of each selected case: every variant that runs on the device is gated on
+fresh seeded inputs (a failure is recorded FAILED and not timed); the ones that pass are
+timed — one after the other, or alternately with ``interleave`` — under one NVML clock
+sampler; an environment probe (a fixed reference workload) is timed beside them; then
+the records of the point are appended to the result file, which is rewritten atomically
+so nothing finished is lost. A case that raises, out-of-memory included, is recorded
+FAILED with its error and the run goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from microbench import probe, stats
+from microbench.case import Case, Point, Variant, Workload, expand, narrow, point_label, point_seed
+from microbench.env import ClockSampler
+from microbench.gate import check_variant
+from microbench.results import ResultWriter
+from microbench.timing import Measurement, TimingOptions, copies_for_cold_cache, measure, measure_interleaved
+
+
+@dataclass
+class RunOptions:
+    suite: str
+    device: str = "cpu"
+    variants: Sequence[str] = ()  # empty = all
+    axis_picks: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    timing: TimingOptions = field(default_factory=TimingOptions)
+    interleave: bool = False
+    seed: int = 0
+    min_effect: float = 0.02
+    probe: bool = True
+    cache_bytes: int | None = None  # L2 (CUDA) / LLC (CPU) size for flushing
+    profile_ceilings: Mapping[str, dict] = field(default_factory=dict)  # fallback ceilings
+
+
+@dataclass
+class Plan:
+    """The expanded sweep, known before anything runs (its size is printed first)."""
+
+    items: list[tuple[Case, Point]]
+    skipped: list[tuple[Case, Point, str]]
+
+    @property
+    def n_points(self) -> int:
+        return len(self.items) + len(self.skipped)
+
+
+def plan(cases: Sequence[Case], opts: RunOptions) -> Plan:
+    """Expand every case's axes for the suite; raises ValueError on an unknown axis/value."""
+    items, skipped = [], []
+    for case in sorted(cases, key=lambda c: (c.order, c.id)):
+        axes = case.axes(opts.suite, opts.device)
+        picks = {k: v for k, v in opts.axis_picks.items() if k in axes}
+        for point in expand(narrow(axes, picks, case.id)):
+            reason = case.skip(point, opts.device)
+            (skipped.append((case, point, reason)) if reason else items.append((case, point)))
+    return Plan(items, skipped)
+
+
+def _error_text(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+
+
+def _record(case: Case, point: Point, variant: str, device: str, status: str, **kw: Any) -> dict[str, Any]:
+    rec = {"case": case.id, "axes": dict(point), "variant": variant, "device": device, "status": status,
+           "reason": None, "correctness": None, "timing": None, "bytes": None, "flops": None,
+           "gbps": None, "tflops": None, "floor_s": None, "pct_of_floor": None, "floor_source": None,
+           "clocks": None, "probe": None, "vs_baseline": None}
+    rec.update(kw)
+    return rec
+
+
+def _free_device_memory(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+class Runner:
+    """Runs a plan into a :class:`ResultWriter`, printing one progress line per point."""
+
+    def __init__(self, opts: RunOptions, writer: ResultWriter | None, progress: Callable[[str], None] | None = None):
+        self.opts = opts
+        self.writer = writer
+        self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.records: list[dict[str, Any]] = []
+        self.ceilings: dict[str, dict] = {}
+
+    # ------------------------------------------------------------------ ceilings / floors
+
+    def _ceiling(self, kind: str) -> tuple[float | None, str | None]:
+        if kind in self.ceilings:
+            return self.ceilings[kind]["value"], "measured in this run"
+        fig = self.opts.profile_ceilings.get(kind)
+        if fig:
+            return fig["value"], fig["source"]
+        return None, None
+
+    def _floor(self, rec: dict[str, Any]) -> None:
+        t = rec["timing"]["summary"]["median"]
+        bw, bw_src = self._ceiling("memory_bandwidth")
+        fl, fl_src = self._ceiling("matmul_flops")
+        rec["gbps"] = rec["bytes"] / t / 1e9 if rec["bytes"] else None
+        rec["tflops"] = rec["flops"] / t / 1e12 if rec["flops"] else None
+        terms = []
+        if rec["bytes"] and bw:
+            terms.append((rec["bytes"] / bw, bw_src))
+        if rec["flops"] and fl:
+            terms.append((rec["flops"] / fl, fl_src))
+        if terms:
+            floor, src = max(terms)
+            rec["floor_s"], rec["floor_source"] = floor, src
+            rec["pct_of_floor"] = 100.0 * floor / t
+
+    def _update_ceilings(self, case: Case, recs: list[dict[str, Any]]) -> None:
+        ok = [r for r in recs if r["status"] == "OK"]
+        if not case.ceiling or not ok:
+            return
+        src = f"{case.id} in this run"
+        if case.ceiling == "memory_bandwidth":
+            best = max(r["gbps"] * 1e9 for r in ok)
+            unit = "B/s"
+        elif case.ceiling == "matmul_flops":
+            best, unit = max(r["tflops"] * 1e12 for r in ok), "FLOP/s"
+        else:
+            best, unit = min(r["timing"]["summary"]["median"] for r in ok), "s"
+        prev = self.ceilings.get(case.ceiling)
+        better = prev is None or (best < prev["value"] if unit == "s" else best > prev["value"])
+        if better:
+            self.ceilings[case.ceiling] = {"value": best, "unit": unit, "source": src, "axes": ok[0]["axes"]}
+
+    # ------------------------------------------------------------------ one point
+
+    def _calls(self, fn: Callable[..., Any], w: Workload, mode: str) -> list[Callable[[], Any]]:
+        copies = [w]
+        if mode == "graph":
+            n = copies_for_cold_cache(w.working_set_bytes, self.opts.cache_bytes)
+            copies += [w.clone() for _ in range(n - 1)]
+        return [functools.partial(fn, **c.kwargs()) for c in copies]
+
+    def run_point(self, case: Case, point: Point) -> list[dict[str, Any]]:
+        o = self.opts
+        dev = o.device
+        seed = point_seed(o.seed, case.id, point)
+        timing = o.timing if not case.timing_mode else TimingOptions(**{**o.timing.__dict__, "mode": case.timing_mode})
+        mode = timing.resolved_mode(dev)
+        recs: dict[str, dict[str, Any]] = {}
+        ready: list[tuple[Variant, list[Callable[[], Any]]]] = []
+        variants = [v for v in case.variants() if not o.variants or v.name in o.variants]
+        for v in variants:
+            if not v.runs_on(dev):
+                recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=f"variant does not run on {dev}")
+                continue
+            try:
+                w = case.setup(point, dev, seed)
+                expected = case.reference(w)
+                atol, rtol = case.tolerance(point)
+                gate = check_variant(v.fn, w.inputs, w.outputs, expected, atol=atol, rtol=rtol, seed=seed)
+                base = dict(correctness=gate.to_dict(), bytes=w.cost.bytes, flops=w.cost.flops)
+                if not gate.passed:
+                    recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason="incorrect: " + gate.summary(), **base)
+                    continue
+                recs[v.name] = _record(case, point, v.name, dev, "OK", **base)
+                ready.append((v, self._calls(v.fn, w, mode)))
+            except Exception as e:  # noqa: BLE001 - a failing variant must not stop the run
+                recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=_error_text(e),
+                                       traceback=traceback.format_exc(limit=6))
+                _free_device_memory(dev)
+        clocks = None
+        if ready:
+            before = probe.measure_probe(dev, o.cache_bytes) if o.probe else None
+            with ClockSampler(_device_index(dev)) as sampler:
+                measured = self._time(ready, dev, timing, recs)
+            clocks = sampler.result()
+            env_probe = probe.pool(before, probe.measure_probe(dev, o.cache_bytes)) if before else None
+            for v, m in measured.items():
+                r = recs[v]
+                r["timing"], r["clocks"], r["probe"] = m.to_dict(), clocks, env_probe
+                self._floor(r)
+            self._vs_baseline(case, recs, measured)
+        out = [recs[v.name] for v in variants if v.name in recs]
+        self._update_ceilings(case, out)
+        return out
+
+    def _time(self, ready, dev, timing, recs) -> dict[str, Measurement]:
+        o = self.opts
+        measured: dict[str, Measurement] = {}
+        if o.interleave and len(ready) > 1:
+            try:
+                ms = measure_interleaved([c for _, c in ready], device=dev, options=timing, cache_bytes=o.cache_bytes)
+                return {v.name: m for (v, _), m in zip(ready, ms)}
+            except Exception as e:  # noqa: BLE001
+                for v, _ in ready:
+                    recs[v.name].update(status="FAILED", reason=_error_text(e))
+                _free_device_memory(dev)
+                return {}
+        for v, calls in ready:
+            try:
+                measured[v.name] = measure(calls, device=dev, options=timing, cache_bytes=o.cache_bytes)
+            except Exception as e:  # noqa: BLE001
+                recs[v.name].update(status="FAILED", reason=_error_text(e), traceback=traceback.format_exc(limit=6))
+                _free_device_memory(dev)
+        return measured
+
+    def _vs_baseline(self, case: Case, recs: dict[str, dict], measured: dict[str, Measurement]) -> None:
+        base = measured.get(case.baseline)
+        if base is None:
+            return
+        for name, m in measured.items():
+            if name == case.baseline:
+                continue
+            if self.opts.interleave:
+                v = stats.compare_paired(base.samples_s, m.samples_s, min_effect=self.opts.min_effect)
+            else:
+                v = stats.compare_samples(base.samples_s, m.samples_s, min_effect=self.opts.min_effect)
+            recs[name]["vs_baseline"] = v.to_dict()
+
+    # ------------------------------------------------------------------ the whole plan
+
+    def run(self, p: Plan) -> list[dict[str, Any]]:
+        for case, point, reason in p.skipped:
+            recs = [_record(case, point, v.name, self.opts.device, "SKIPPED", reason=reason) for v in case.variants()
+                    if not self.opts.variants or v.name in self.opts.variants]
+            self._keep(recs)
+        total = len(p.items)
+        for i, (case, point) in enumerate(p.items, 1):
+            self.progress(f"[{i}/{total}] {case.id} {point_label(point)}")
+            recs = self.run_point(case, point)
+            for r in recs:
+                self.progress("    " + progress_text(r))
+            self._keep(recs)
+        return self.records
+
+    def _keep(self, recs: list[dict[str, Any]]) -> None:
+        self.records.extend(recs)
+        if self.writer is not None:
+            self.writer.add(recs)
+            self.writer.doc["run"]["ceilings"] = self.ceilings
+            self.writer.flush()
+
+
+def progress_text(r: dict[str, Any]) -> str:
+    if r["status"] != "OK":
+        return f"{r['variant']:<14} {r['status']}: {r['reason']}"
+    t = r["timing"]
+    s = t["summary"]
+    from microbench.report import fmt_time  # local: report imports nothing from here
+
+    extra = f" {r['gbps']:.1f} GB/s" if r.get("gbps") else ""
+    vb = r.get("vs_baseline")
+    if vb:
+        extra += f"  ×{vb['ratio']:.3f} vs baseline {vb['label']}"
+    return (f"{r['variant']:<14} {fmt_time(s['median'])} ±{100 * s['rel_noise']:.2f}% "
+            f"n={s['count']} ({t['stop_reason']}){extra}")
+
+
+def _device_index(device: str) -> int | None:
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.device(device).index or 0 if ":" in device else torch.cuda.current_device()

@@ -1,0 +1,451 @@
+"""Statistics behind every measurement and every A/B verdict (numpy only).
+
+Two jobs:
+
+* :func:`summarize` / :func:`median_rel_noise` describe one set of timing samples
+  (seconds). The timer's stopping rule calls :func:`median_rel_noise` repeatedly, so it
+  sorts once and does no resampling: the distribution-free confidence interval of the
+  median comes from binomial order statistics (ranks ``n/2 ± z·sqrt(n)/2``), valid for
+  any continuous distribution, skewed timing tails included.
+* :func:`compare_samples` (two separate runs) and :func:`compare_paired` (one run with
+  the variants interleaved A B A B) turn two sample sets into a :class:`Verdict`: the
+  time ratio new / base (> 1 means new is slower), its bootstrap confidence interval and
+  a label.
+
+The verdict rule (:func:`classify`), the same for both comparisons, with ``e`` the
+minimum effect (default 2%) and ``[lo, hi]`` the interval of the ratio:
+
+``SLOWER``  ``lo > 1 + e``  (the whole interval beyond the minimum effect)
+``FASTER``  ``hi < 1 - e``
+``SAME``    ``1 - e <= lo`` and ``hi <= 1 + e``
+``UNSURE``  anything else
+
+Why each part:
+
+* A verdict needs the whole interval past the minimum effect, not just past 1: an
+  interval that merely excludes 1 says "different", but a true 1% shift under 5% noise
+  then reads SLOWER in ~7% of 50-sample comparisons (its estimate overshoots 2% with an
+  interval clear of 1). Requiring ``lo > 1 + e`` makes that a ~0.3% event while a real
+  10% change under the same noise (interval half-width ~2.5%) is still SLOWER.
+* The minimum effect itself: a difference smaller than ``e`` is either too small to
+  matter for a kernel change, or cannot be separated from the shifts between runs that
+  no within-run interval sees (the same code in separate processes on a shared machine
+  moves by several percent). A narrow interval that excludes 1 but sits inside
+  ``[1 - e, 1 + e]`` is therefore ``SAME``: a real but negligible difference.
+* A change that is probably real but whose interval reaches back inside ``e`` (say
+  ×1.05 [1.01, 1.09]) is ``UNSURE``: more samples decide it, a label would overclaim.
+* ``SAME`` needs the *whole* interval inside ``[1 - e, 1 + e]``: only then do the samples
+  rule out an effect that matters. A wide interval around 1 proves nothing either way,
+  and neither does a large ratio whose interval still reaches 1: both are ``UNSURE``,
+  and the answer is more samples or less noise, not a label.
+
+Environment correction: between two runs the whole machine can shift (clocks, co-tenants,
+thermal state). When each run also timed a fixed reference workload (the probe) beside
+the case, :func:`compare_samples` divides the case's ratio by the probe's ratio and
+bootstraps all four sample sets jointly, so the interval carries the probe's noise too.
+
+All bootstraps are percentile bootstraps of the median, vectorised over a bounded number
+of resampled elements at a time, and deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from statistics import NormalDist
+from typing import Any, Literal, Sequence
+
+import numpy as np
+
+Label = Literal["FASTER", "SLOWER", "SAME", "UNSURE"]
+LABELS: tuple[str, ...] = ("FASTER", "SLOWER", "SAME", "UNSURE")
+
+#: Below this many samples the order-statistic interval of the median at 95% spans the
+#: whole sample (n = 6 gives ranks 1 and 6), and a bootstrap of the median has almost no
+#: distinct values: no interval is reported (noise = inf, verdict interval = [0, inf]).
+MIN_SAMPLES = 6
+
+#: Resampled elements per bootstrap chunk: 2M int64 indices + their gathered float64
+#: values is ~32 MB, whatever the sample count (up to ~10,000) and n_boot.
+_MAX_DRAWS_PER_CHUNK = 2_000_000
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _as_samples(samples: Sequence[float], name: str, positive: bool = False) -> np.ndarray:
+    """1-D float64 copy of ``samples``; ValueError on empty, non-finite or (if asked) <= 0."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D sequence of samples, got shape {x.shape}")
+    if x.size == 0:
+        raise ValueError(f"{name}: empty sample set")
+    bad = ~np.isfinite(x)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}: {int(bad.sum())} non-finite value(s) of {x.size}, first at index {i} ({x[i]})")
+    if positive and (x <= 0).any():
+        i = int(np.flatnonzero(x <= 0)[0])
+        raise ValueError(f"{name}: times must be positive for a ratio, got {x[i]} at index {i}")
+    return x
+
+
+def _check_confidence(confidence: float) -> None:
+    if not (0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+
+
+@lru_cache(maxsize=32)
+def _z(confidence: float) -> float:
+    """Two-sided standard-normal quantile: P(|Z| <= z) = confidence (1.95996 at 0.95)."""
+    _check_confidence(confidence)
+    target = 1.0 - (1.0 - confidence) / 2.0
+    lo, hi = 0.0, 40.0
+    for _ in range(100):  # bisection on the CDF; erf is exact enough and this is cached
+        mid = 0.5 * (lo + hi)
+        if 0.5 * (1.0 + math.erf(mid / math.sqrt(2.0))) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+# --------------------------------------------------------------------------- one sample set
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Summary of one sample set, in the samples' unit (seconds for timings).
+
+    ``iqr`` is p75 - p25; ``stddev`` is the sample standard deviation (ddof = 1, 0 for one
+    sample); ``rel_noise`` is the half-width of the distribution-free 95% interval of the
+    median divided by the median (inf below :data:`MIN_SAMPLES` samples).
+    """
+
+    count: int
+    median: float
+    mean: float
+    min: float
+    max: float
+    p20: float
+    p80: float
+    iqr: float
+    stddev: float
+    rel_noise: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (``rel_noise`` may be ``inf``: results are written with allow_nan)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Summary":
+        """Inverse of :meth:`to_dict`; keys this version does not know are ignored."""
+        kw: dict[str, Any] = {f.name: float(d[f.name]) for f in fields(cls) if f.name != "count"}
+        return cls(count=int(d["count"]), **kw)
+
+
+def _median_ranks(n: int, confidence: float) -> tuple[int, int]:
+    """0-based ranks (lo, hi) of the order-statistic interval of the median of n samples.
+
+    Normal approximation of the Binomial(n, 1/2) count below the median (Conover): 1-based
+    ranks floor(n/2 - z·sqrt(n)/2) and ceil(1 + n/2 + z·sqrt(n)/2), clamped to [1, n];
+    n = 100 at 95% gives the textbook ranks 40 and 61.
+    """
+    half = _z(confidence) * math.sqrt(n) / 2.0
+    lo = max(1, math.floor(n / 2.0 - half))
+    hi = min(n, math.ceil(1.0 + n / 2.0 + half))
+    return lo - 1, hi - 1
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval (lo, hi) of the median of ``samples``, same unit.
+
+    Returns (-inf, inf) below :data:`MIN_SAMPLES` samples.
+    """
+    x = np.sort(_as_samples(samples, "samples"))
+    if x.size < MIN_SAMPLES:
+        return -math.inf, math.inf
+    lo, hi = _median_ranks(x.size, confidence)
+    return float(x[lo]), float(x[hi])
+
+
+def median_rel_noise(samples: Sequence[float], confidence: float = 0.95) -> float:
+    """Relative noise of the median: (x[hi] - x[lo]) / (2 · median), ranks as :func:`median_ci`.
+
+    Shrinks like 1/sqrt(n). ``math.inf`` when n < :data:`MIN_SAMPLES` or the median is not
+    positive (a relative width means nothing there). One sort, no resampling: the timer's
+    stopping rule calls this after every few samples.
+    """
+    x = np.sort(_as_samples(samples, "samples"))
+    n = x.size
+    if n < MIN_SAMPLES:
+        return math.inf
+    med = 0.5 * (x[(n - 1) // 2] + x[n // 2])
+    if med <= 0:
+        return math.inf
+    lo, hi = _median_ranks(n, confidence)
+    return float((x[hi] - x[lo]) / (2.0 * med))
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    """Summary of ``samples`` (any unit); ValueError on empty input or non-finite values."""
+    x = _as_samples(samples, "samples")
+    p20, p25, p50, p75, p80 = np.percentile(x, [20, 25, 50, 75, 80])
+    return Summary(
+        count=int(x.size),
+        median=float(p50),
+        mean=float(x.mean()),
+        min=float(x.min()),
+        max=float(x.max()),
+        p20=float(p20),
+        p80=float(p80),
+        iqr=float(p75 - p25),
+        stddev=float(x.std(ddof=1)) if x.size > 1 else 0.0,
+        rel_noise=median_rel_noise(x),
+    )
+
+
+def geomean(xs: Sequence[float]) -> float:
+    """Geometric mean of positive finite values (the mean of ratios across cases)."""
+    x = _as_samples(xs, "geomean input")
+    if (x <= 0).any():
+        raise ValueError("geomean input: values must be positive")
+    return float(np.exp(np.mean(np.log(x))))
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An A/B verdict: time ratio new / base (> 1: new is slower) and its interval.
+
+    ``ratio`` is environment-corrected when probes were given (``raw_ratio / env_ratio``);
+    ``[lo, hi]`` is the ``confidence`` interval of ``ratio`` ([0, inf] when either side has
+    fewer than :data:`MIN_SAMPLES` samples); ``method`` is "bootstrap-median" (two runs)
+    or "paired-median" (one interleaved run).
+    """
+
+    label: str
+    ratio: float
+    lo: float
+    hi: float
+    raw_ratio: float
+    env_ratio: float | None
+    min_effect: float
+    confidence: float
+    method: str
+    n_base: int
+    n_new: int
+    #: Log-space sigma of between-run environment wander folded into [lo, hi] (0 = none).
+    env_sigma: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (``hi`` may be ``inf`` for too few samples)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        """Inverse of :meth:`to_dict`; keys this version does not know are ignored."""
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        for k in ("ratio", "lo", "hi", "raw_ratio", "min_effect", "confidence"):
+            kw[k] = float(kw[k])
+        kw["env_ratio"] = None if kw["env_ratio"] is None else float(kw["env_ratio"])
+        kw["n_base"], kw["n_new"] = int(kw["n_base"]), int(kw["n_new"])
+        return cls(**kw)
+
+    def explain(self) -> str:
+        """One line: label, ratio, interval, why, and what the environment did."""
+        e = self.min_effect
+        head = f"{self.label}: ×{self.ratio:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
+        if self.method == "identical-samples":
+            why = "the same samples on both sides"
+        elif min(self.n_base, self.n_new) < MIN_SAMPLES:
+            why = f"too few samples for an interval (n={self.n_base}/{self.n_new}, need {MIN_SAMPLES})"
+        else:
+            why = {
+                "SLOWER": f"whole interval at least {e:.1%} slower",
+                "FASTER": f"whole interval at least {e:.1%} faster",
+                "SAME": f"interval within ±{e:.1%}",
+                "UNSURE": f"interval does not decide at ±{e:.1%}",
+            }.get(self.label, "unknown label")
+        tail = f"({self.method}, n={self.n_base}/{self.n_new})"
+        if self.env_ratio is None:
+            return f"{head}, {why} {tail}"
+        shift = self.env_ratio - 1.0
+        if abs(shift) < e:
+            env = f"environment steady ({shift:+.1%}), raw ×{self.raw_ratio:.3f}"
+        elif self.label == "SAME" and abs(self.raw_ratio - 1.0) >= e:
+            env = (f"environment moved {shift:+.1%} and this case moved with it "
+                   f"(raw ×{self.raw_ratio:.3f}, corrected)")
+        else:
+            env = f"environment moved {shift:+.1%}, raw ×{self.raw_ratio:.3f} (corrected)"
+        return f"{head}, {why}; {env} {tail}"
+
+
+def classify(ratio: float, lo: float, hi: float, min_effect: float) -> str:
+    """The verdict rule (module docstring): "SLOWER", "FASTER", "SAME" or "UNSURE"."""
+    if any(math.isnan(v) for v in (ratio, lo, hi, min_effect)):
+        raise ValueError(f"classify: NaN in ratio={ratio}, lo={lo}, hi={hi}, min_effect={min_effect}")
+    if min_effect < 0:
+        raise ValueError(f"classify: min_effect must be >= 0, got {min_effect}")
+    if lo > hi:
+        raise ValueError(f"classify: interval lo={lo} > hi={hi}")
+    e = min_effect
+    if lo > 1.0 + e:
+        return "SLOWER"
+    if hi < 1.0 - e:
+        return "FASTER"
+    if 1.0 - e <= lo and hi <= 1.0 + e:
+        return "SAME"
+    return "UNSURE"
+
+
+def _check_args(min_effect: float, confidence: float, n_boot: int) -> None:
+    _check_confidence(confidence)
+    if not (min_effect >= 0 and math.isfinite(min_effect)):
+        raise ValueError(f"min_effect must be a finite value >= 0, got {min_effect}")
+    if n_boot < 10:
+        raise ValueError(f"n_boot must be >= 10 (>= 1000 for a stable interval), got {n_boot}")
+
+
+def _boot_medians(rng: np.random.Generator, sets: Sequence[np.ndarray], n_boot: int) -> list[np.ndarray]:
+    """Medians of ``n_boot`` resamples (with replacement) of each set, drawn independently.
+
+    Returns one [n_boot] array per set. Resamples are drawn as index matrices of at most
+    :data:`_MAX_DRAWS_PER_CHUNK` elements in total per chunk, so memory stays bounded.
+    """
+    total = sum(s.size for s in sets)
+    rows = max(1, _MAX_DRAWS_PER_CHUNK // total)
+    out = [np.empty(n_boot) for _ in sets]
+    for start in range(0, n_boot, rows):
+        r = min(rows, n_boot - start)
+        for s, o in zip(sets, out):
+            idx = rng.integers(0, s.size, size=(r, s.size))
+            o[start:start + r] = np.median(s[idx], axis=1)
+    return out
+
+
+def _interval(boot: np.ndarray, confidence: float) -> tuple[float, float]:
+    """Percentile interval of bootstrap replicates."""
+    a = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(boot, [a, 1.0 - a])
+    return float(lo), float(hi)
+
+
+def compare_samples(
+    base: Sequence[float],
+    new: Sequence[float],
+    *,
+    min_effect: float = 0.02,
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+    base_probe: Sequence[float] | None = None,
+    new_probe: Sequence[float] | None = None,
+    env_sigma: float = 0.0,
+) -> Verdict:
+    """Verdict for two separate (unpaired) runs: ratio = median(new) / median(base).
+
+    ``env_sigma``: the log-space standard deviation of how far the environment wanders
+    between the moments two runs measure a point (estimated by the caller from the probe's
+    spread within each run). The bootstrap cannot see it; it widens the interval in
+    quadrature, so on a machine whose environment wanders 20% a verdict says UNSURE rather
+    than read the wander as code.
+
+    ``base``/``new``: positive per-call times (any unit, the same for both), any lengths.
+    The interval is a percentile bootstrap of the median ratio, each side resampled
+    independently. With ``base_probe`` and ``new_probe`` (the reference workload timed
+    beside the case in each run) the ratio is divided by median(new_probe) /
+    median(base_probe) and all four sets are bootstrapped jointly (ratio of ratios per
+    draw). Give both probes or neither.
+    """
+    _check_args(min_effect, confidence, n_boot)
+    b = _as_samples(base, "base", positive=True)
+    n = _as_samples(new, "new", positive=True)
+    if (base_probe is None) != (new_probe is None):
+        raise ValueError("compare_samples: give both base_probe and new_probe, or neither")
+    raw = float(np.median(n) / np.median(b))
+    sets = [b, n]
+    env: float | None = None
+    if base_probe is not None and new_probe is not None:
+        bp = _as_samples(base_probe, "base_probe", positive=True)
+        nprobe = _as_samples(new_probe, "new_probe", positive=True)
+        env = float(np.median(nprobe) / np.median(bp))
+        sets += [bp, nprobe]
+    ratio = raw if env is None else raw / env
+    if all(np.array_equal(sets[i], sets[i + 1]) for i in range(0, len(sets), 2)):
+        # The same measurement on both sides (a run compared with itself): there is no
+        # sampling difference between them to be uncertain about.
+        return Verdict(label="SAME", ratio=1.0, lo=1.0, hi=1.0, raw_ratio=1.0, env_ratio=None if env is None else 1.0,
+                       min_effect=float(min_effect), confidence=float(confidence), method="identical-samples",
+                       n_base=int(b.size), n_new=int(n.size))
+    if min(s.size for s in sets) < MIN_SAMPLES:
+        lo, hi = 0.0, math.inf
+    else:
+        meds = _boot_medians(np.random.default_rng(seed), sets, n_boot)
+        boot = meds[1] / meds[0]
+        if env is not None:
+            boot = boot / (meds[3] / meds[2])
+        lo, hi = _interval(boot, confidence)
+        lo, hi = _widen(ratio, lo, hi, env_sigma, confidence)
+    return Verdict(
+        label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=raw,
+        env_ratio=env, min_effect=float(min_effect), confidence=float(confidence),
+        method="bootstrap-median", n_base=int(b.size), n_new=int(n.size), env_sigma=float(env_sigma),
+    )
+
+
+def _widen(ratio: float, lo: float, hi: float, sigma: float, confidence: float) -> tuple[float, float]:
+    """Add a log-normal uncertainty of ``sigma`` to the interval [lo, hi] in quadrature."""
+    if not sigma > 0 or not (lo > 0 and math.isfinite(hi)):
+        return lo, hi
+    w = NormalDist().inv_cdf(0.5 + confidence / 2.0) * sigma
+    lr = math.log(ratio)
+    dl, dh = lr - math.log(lo), math.log(hi) - lr
+    return math.exp(lr - math.hypot(dl, w)), math.exp(lr + math.hypot(dh, w))
+
+
+def env_wander(probe_medians: Sequence[float]) -> float:
+    """Log-space sigma of the environment's wander within one run, from the probe's
+    median at each point (the same work every time, so its spread is the environment's).
+    A robust spread (1.4826 x MAD) so one disturbed point does not set it; 0 when fewer
+    than 4 points."""
+    x = np.log(np.asarray([m for m in probe_medians if m and m > 0], dtype=np.float64))
+    if x.size < 4:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def compare_paired(
+    base: Sequence[float],
+    new: Sequence[float],
+    *,
+    min_effect: float = 0.02,
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> Verdict:
+    """Verdict for one interleaved run: base[i] and new[i] were taken in the same round.
+
+    Per-round ratios new[i] / base[i] (both truncated to the common length); ratio = their
+    median; interval by bootstrap over rounds. A slow drift (clock, temperature) that hits
+    both variants of a round cancels in its ratio, so the interval is not widened by it.
+    """
+    _check_args(min_effect, confidence, n_boot)
+    b = _as_samples(base, "base", positive=True)
+    n = _as_samples(new, "new", positive=True)
+    m = min(b.size, n.size)
+    r = n[:m] / b[:m]
+    ratio = float(np.median(r))
+    if m < MIN_SAMPLES:
+        lo, hi = 0.0, math.inf
+    else:
+        (boot,) = _boot_medians(np.random.default_rng(seed), [r], n_boot)
+        lo, hi = _interval(boot, confidence)
+    return Verdict(
+        label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=ratio,
+        env_ratio=None, min_effect=float(min_effect), confidence=float(confidence),
+        method="paired-median", n_base=int(b.size), n_new=int(n.size),
+    )

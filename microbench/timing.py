@@ -1,0 +1,402 @@
+"""The one timing entry point: :func:`measure` (and :func:`measure_interleaved` for A/B).
+
+Modes are options, not separate loops:
+
+``cold`` (CUDA default)
+    Before each sample a buffer of at least 2x the device's L2 is written, then the call
+    is bracketed by CUDA events. The flush kernel also hides the host's enqueue latency of
+    the timed call (it runs for tens of µs on an H200), so the events see GPU time.
+``hot``
+    Back-to-back calls with no flush; each sample is a batch of calls between two events
+    (or two host clock reads on CPU), sized so a sample lasts at least
+    ``TimingOptions.min_sample_s``: the per-call time is the batch time / batch size.
+``graph`` (CUDA only)
+    N calls are captured once into a CUDA graph and the graph is replayed; a sample is
+    one replay / N: the launch-free time. The caller passes rotating input copies that
+    together cover >= 4x L2 (see :func:`copies_for_cold_cache`) so the cache is cold here too.
+
+On CPU samples come from ``time.perf_counter_ns``; ``cold`` there writes a buffer of 2x
+the last-level cache before each sample.
+
+The stopping rule is shared by every mode (:func:`stop_reason`): take at least
+``min_samples`` samples and ``min_time_s`` of measured time, then stop as soon as the
+relative noise of the median (half-width of its 95% CI / median) is under
+``max_noise``; stop anyway at ``budget_s`` of wall time or ``max_samples``. Which rule
+ended the measurement is recorded, so a number that hit the budget says so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+from microbench.stats import Summary, median_rel_noise, summarize
+
+MODES = ("cold", "hot", "graph")
+
+#: Why these defaults: 0.5% noise on the median separates a 2% effect with margin; a
+#: 1 s budget per variant keeps a 48-point sweep with 3 variants under 3 minutes.
+DEFAULT_MAX_NOISE = 0.005
+DEFAULT_BUDGET_S = 1.0
+
+#: A hard floor under every stopping rule: fewer samples than this give no spread at all.
+_MIN_SAMPLES_FLOOR = 3
+
+#: Used when the L2 (or CPU last-level cache) size is unknown: larger than any current
+#: GPU L2 (H200: 60 MB, RTX PRO 6000 Blackwell: 128 MB), so flushing still flushes.
+_FALLBACK_CACHE_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """How to time. ``mode=None`` picks ``cold`` on CUDA and ``hot`` on CPU."""
+
+    mode: str | None = None
+    min_samples: int = 10
+    max_samples: int = 10_000
+    min_time_s: float = 0.01
+    budget_s: float = DEFAULT_BUDGET_S
+    max_noise: float = DEFAULT_MAX_NOISE
+    warmup_s: float = 0.02
+    min_sample_s: float = 20e-6
+    graph_calls: int = 0  # calls captured per graph; 0 = max(copies, 16)
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"timing mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.min_samples < 1 or self.max_samples < self.min_samples:
+            raise ValueError("need 1 <= min_samples <= max_samples")
+        if self.budget_s <= 0 or self.max_noise <= 0:
+            raise ValueError("budget_s and max_noise must be positive")
+
+    def resolved_mode(self, device: str) -> str:
+        mode = self.mode or ("cold" if device.startswith("cuda") else "hot")
+        if mode == "graph" and not device.startswith("cuda"):
+            raise ValueError("graph mode needs a CUDA device")
+        return mode
+
+
+@dataclass
+class Measurement:
+    """One variant's timing: raw per-call samples in seconds, their summary, and how."""
+
+    mode: str
+    timer: str  # "cuda-events" | "perf_counter_ns"
+    device: str
+    samples_s: list[float]
+    summary: Summary
+    stop_reason: str  # "noise" | "budget" | "max_samples"
+    batch: int  # calls per sample (graph: calls per replay)
+    copies: int  # input copies rotated through
+    warmup_calls: int
+    elapsed_s: float  # wall time of the sampling loop
+    flush_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median_s(self) -> float:
+        return self.summary.median
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["summary"] = self.summary.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Measurement":
+        d = dict(d)
+        d["summary"] = Summary.from_dict(d["summary"])
+        return cls(**d)
+
+
+def stop_reason(n: int, measured_s: float, elapsed_s: float, noise: float, opts: TimingOptions) -> str | None:
+    """The stopping rule, shared by every mode. ``noise`` is the median's relative noise."""
+    if n >= opts.max_samples:
+        return "max_samples"
+    if n >= _MIN_SAMPLES_FLOOR and elapsed_s >= opts.budget_s:
+        return "budget"
+    if n >= opts.min_samples and measured_s >= opts.min_time_s and noise <= opts.max_noise:
+        return "noise"
+    return None
+
+
+def _noise_due(n: int) -> bool:
+    # Checking the noise costs a sort; check every ~5% of the samples taken so far.
+    return n < 20 or n % max(1, n // 20) == 0
+
+
+def run_until_stable(
+    take: Callable[[], float], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter
+) -> tuple[list[float], str, float]:
+    """Take samples from ``take`` (seconds each) until the stopping rule says stop.
+
+    Returns (samples, stop reason, elapsed wall seconds). ``clock`` is injectable so the
+    rule can be tested against synthetic timers.
+    """
+    samples: list[float] = []
+    measured = 0.0
+    noise = math.inf
+    t0 = clock()
+    while True:
+        s = take()
+        samples.append(s)
+        measured += s
+        n = len(samples)
+        if n >= opts.min_samples and _noise_due(n):
+            noise = median_rel_noise(samples)
+        reason = stop_reason(n, measured, clock() - t0, noise, opts)
+        if reason:
+            return samples, reason, clock() - t0
+
+
+def run_interleaved(
+    takes: Sequence[Callable[[], float]], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter
+) -> tuple[list[list[float]], str, float]:
+    """Round-robin A B C A B C ... until every variant meets the rule (or the shared budget).
+
+    The budget scales with the number of variants, so interleaving costs what sequential
+    timing would. Sample i of every variant is taken in round i (the pairing the paired
+    verdict relies on).
+    """
+    k = len(takes)
+    shared = replace(opts, budget_s=opts.budget_s * k, max_samples=opts.max_samples)
+    all_samples: list[list[float]] = [[] for _ in takes]
+    measured = [0.0] * k
+    noise = [math.inf] * k
+    t0 = clock()
+    while True:
+        for i, take in enumerate(takes):
+            s = take()
+            all_samples[i].append(s)
+            measured[i] += s
+        n = len(all_samples[0])
+        if n >= opts.min_samples and _noise_due(n):
+            noise = [median_rel_noise(s) for s in all_samples]
+        elapsed = clock() - t0
+        reasons = [stop_reason(n, measured[i], elapsed, noise[i], shared) for i in range(k)]
+        if any(r in ("budget", "max_samples") for r in reasons):
+            return all_samples, next(r for r in reasons if r in ("budget", "max_samples")), elapsed
+        if all(r == "noise" for r in reasons):
+            return all_samples, "noise", elapsed
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+@dataclass
+class _Sampler:
+    take: Callable[[], float]
+    mode: str
+    timer: str
+    batch: int
+    copies: int
+    warmup_calls: int
+    flush_bytes: int
+    notes: list[str]
+
+
+def _is_cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def copies_for_cold_cache(working_set_bytes: int, cache_bytes: int | None, factor: int = 4, max_copies: int = 256,
+                          max_total_bytes: int = 4 << 30) -> int:
+    """Input copies needed so rotating through them touches ``factor`` x the cache."""
+    cache = cache_bytes or _FALLBACK_CACHE_BYTES
+    if working_set_bytes <= 0:
+        return 1
+    want = math.ceil(factor * cache / working_set_bytes)
+    afford = max(1, max_total_bytes // working_set_bytes)
+    return max(1, min(want, max_copies, afford))
+
+
+_flush_buffers: dict[str, Any] = {}
+
+
+def _flush_buffer(device: str, nbytes: int):
+    import torch
+
+    buf = _flush_buffers.get(device)
+    if buf is None or buf.numel() * 4 < nbytes:
+        buf = torch.empty(max(1, nbytes // 4), dtype=torch.int32, device=device)
+        _flush_buffers[device] = buf
+    return buf
+
+
+def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s: float) -> int:
+    # The first call of each copy compiles / autotunes / allocates; then warm by time so
+    # clocks ramp up and caches of the allocator settle.
+    for fn in calls:
+        fn()
+    sync()
+    n = len(calls)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup_s:
+        calls[n % len(calls)]()
+        n += 1
+        sync()
+    return n
+
+
+def _batch_for(one_call_s: float, min_sample_s: float) -> int:
+    if one_call_s <= 0:
+        return 1000
+    return int(min(1000, max(1, math.ceil(min_sample_s / one_call_s))))
+
+
+def _cuda_sampler(calls, device, mode, opts, cache_bytes) -> _Sampler:
+    import torch
+
+    torch.cuda.set_device(torch.device(device))
+    sync = torch.cuda.synchronize
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    notes: list[str] = []
+    k = len(calls)
+    state = {"i": 0}
+
+    def elapsed_s() -> float:
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
+
+    if mode == "graph":
+        # Warm up (compile) on a side stream before capture, as CUDA graphs require.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            warm = _warm(calls, side.synchronize, 0.0)
+        torch.cuda.current_stream().wait_stream(side)
+        n = opts.graph_calls or max(k, 16)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                for j in range(n):
+                    calls[j % k]()
+        except Exception as e:  # capture errors are the case's, report them plainly
+            raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {e}") from e
+        warm += _warm([graph.replay], sync, opts.warmup_s) * n
+
+        def take() -> float:
+            start.record()
+            graph.replay()
+            end.record()
+            return elapsed_s() / n
+
+        return _Sampler(take, mode, "cuda-events", n, k, warm, 0, notes)
+
+    warm = _warm(calls, sync, opts.warmup_s)
+    if mode == "cold":
+        nbytes = 2 * (cache_bytes or _FALLBACK_CACHE_BYTES)
+        if not cache_bytes:
+            notes.append("L2 size unknown: flushed 2x128 MiB")
+        flush = _flush_buffer(device, nbytes)
+
+        def take() -> float:
+            fn = calls[state["i"] % k]
+            state["i"] += 1
+            flush.zero_()
+            start.record()
+            fn()
+            end.record()
+            return elapsed_s()
+
+        return _Sampler(take, mode, "cuda-events", 1, k, warm, nbytes, notes)
+
+    # hot: a batch of back-to-back calls per sample
+    start.record()
+    calls[0]()
+    end.record()
+    batch = _batch_for(elapsed_s(), opts.min_sample_s)
+
+    def take() -> float:
+        start.record()
+        for j in range(batch):
+            calls[(state["i"] + j) % k]()
+        end.record()
+        state["i"] += batch
+        return elapsed_s() / batch
+
+    return _Sampler(take, mode, "cuda-events", batch, k, warm, 0, notes)
+
+
+def _cpu_sampler(calls, mode, opts, cache_bytes) -> _Sampler:
+    import numpy as np
+
+    k = len(calls)
+    state = {"i": 0}
+    notes: list[str] = []
+    warm = _warm(calls, lambda: None, opts.warmup_s)
+    t0 = time.perf_counter_ns()
+    calls[0]()
+    batch = _batch_for((time.perf_counter_ns() - t0) * 1e-9, opts.min_sample_s)
+    flush = None
+    nbytes = 0
+    if mode == "cold":
+        nbytes = 2 * (cache_bytes or _FALLBACK_CACHE_BYTES)
+        flush = np.empty(nbytes // 8, dtype=np.int64)
+        batch = 1
+
+    def take() -> float:
+        if flush is not None:
+            flush.fill(state["i"])
+        i = state["i"]
+        t = time.perf_counter_ns()
+        for j in range(batch):
+            calls[(i + j) % k]()
+        dt = time.perf_counter_ns() - t
+        state["i"] = i + batch
+        return dt * 1e-9 / batch
+
+    return _Sampler(take, mode, "perf_counter_ns", batch, k, warm, nbytes, notes)
+
+
+def _prepare(calls: Sequence[Callable[[], Any]], device: str, opts: TimingOptions, cache_bytes: int | None) -> _Sampler:
+    if not calls:
+        raise ValueError("measure() needs at least one callable")
+    mode = opts.resolved_mode(device)
+    if _is_cuda(device):
+        return _cuda_sampler(list(calls), device, mode, opts, cache_bytes)
+    return _cpu_sampler(list(calls), mode, opts, cache_bytes)
+
+
+def _measurement(s: _Sampler, device: str, samples: list[float], reason: str, elapsed: float) -> Measurement:
+    return Measurement(
+        mode=s.mode, timer=s.timer, device=device, samples_s=samples, summary=summarize(samples),
+        stop_reason=reason, batch=s.batch, copies=s.copies, warmup_calls=s.warmup_calls,
+        elapsed_s=elapsed, flush_bytes=s.flush_bytes, notes=list(s.notes),
+    )
+
+
+def measure(
+    calls: Sequence[Callable[[], Any]] | Callable[[], Any],
+    *,
+    device: str = "cpu",
+    options: TimingOptions | None = None,
+    cache_bytes: int | None = None,
+) -> Measurement:
+    """Time a zero-argument callable (or several bound to rotating input copies).
+
+    ``device`` is ``"cpu"`` or ``"cuda[:N]"``; ``cache_bytes`` is the L2 (CUDA) or
+    last-level cache (CPU) size used for flushing, ``None`` = unknown (a large fallback
+    is flushed and a note recorded). Exceptions from the callable propagate.
+    """
+    opts = options or TimingOptions()
+    calls = [calls] if callable(calls) else list(calls)
+    s = _prepare(calls, device, opts, cache_bytes)
+    samples, reason, elapsed = run_until_stable(s.take, opts)
+    return _measurement(s, device, samples, reason, elapsed)
+
+
+def measure_interleaved(
+    call_sets: Sequence[Sequence[Callable[[], Any]]],
+    *,
+    device: str = "cpu",
+    options: TimingOptions | None = None,
+    cache_bytes: int | None = None,
+) -> list[Measurement]:
+    """Time several variants alternately (A B A B ...) so drift hits all of them alike."""
+    opts = options or TimingOptions()
+    samplers = [_prepare(list(c), device, opts, cache_bytes) for c in call_sets]
+    all_samples, reason, elapsed = run_interleaved([s.take for s in samplers], opts)
+    return [_measurement(s, device, xs, reason, elapsed) for s, xs in zip(samplers, all_samples)]

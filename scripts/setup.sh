@@ -1,0 +1,33 @@
+# Sourced by scripts/main-job and scripts/test: everything a fresh machine needs.
+#  - a virtual environment (.venv) unless one is already active; it sees the system's
+#    site-packages, so a GPU host's preinstalled CUDA torch / Triton / CuPy are used as they are;
+#  - torch: when none is importable and no GPU is present, the CPU build (torch==2.13.0),
+#    never the multi-GB CUDA build a loose requirement would pull;
+#  - this package with its test extras, editable;
+#  - without a GPU, Triton kernels run under the interpreter (TRITON_INTERPRET=1).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+    if [ ! -x .venv/bin/python ]; then
+        echo "setup: creating .venv" >&2
+        "$PY" -m venv --system-site-packages .venv
+    fi
+    # shellcheck disable=SC1091
+    . .venv/bin/activate
+fi
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+if ! python -c "import torch" >/dev/null 2>&1; then
+    if has_gpu; then
+        echo "setup: no torch found on a GPU machine: installing torch (CUDA build)" >&2
+        python -m pip install --quiet torch
+    else
+        echo "setup: no GPU: installing the CPU build of torch (torch==2.13.0)" >&2
+        python -m pip install --quiet "torch==2.13.0"
+    fi
+fi
+python -m pip install --quiet -e ".[test]"
+if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    export TRITON_INTERPRET=1
+fi

@@ -1,0 +1,31 @@
+"""Benchmarks through microbench's engine: ``pytest tests/bench --benchmark-only``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from microbench import env
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SUITE = "verify" if DEVICE == "cuda" else "smoke"
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):  # noqa: ARG001 - pytest-benchmark hook
+    machine_info["microbench"] = env.fingerprint(DEVICE)
+
+
+@pytest.fixture(scope="session")
+def cache_bytes() -> int | None:
+    return env.l2_cache_bytes(DEVICE)
+
+
+@pytest.fixture
+def mb_bench(benchmark, cache_bytes):
+    """``mb_bench(case, point, variant)``: gate, then time through the engine into ``benchmark``."""
+    from microbench.bench import bench_case
+
+    def run(case, point, variant):
+        return bench_case(benchmark, case, point, variant, device=DEVICE, cache_bytes=cache_bytes)
+
+    return run

@@ -1,0 +1,28 @@
+"""Shared test set-up.
+
+Without a GPU, Triton kernels run on CPU tensors under the interpreter, which Triton
+switches on when a kernel is *decorated* — so the variable is set here, before any test
+module imports a kernel. Tests marked ``gpu`` are skipped without CUDA, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    # as `microbench run` does on CPU: a busy second core stalls OpenMP barriers
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,131 @@
+"""The command line end to end: list, run, report, compare, env, and every bad input."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import microbench.cases as cases_pkg
+from microbench.case import Variant
+from microbench.cli import main
+
+from .helpers import Scaled
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICK = ["--case", "norm.rmsnorm", "--axis", "tokens=1", "--axis", "norm=kv_a", "--budget-s", "0.1"]
+
+
+def _files(d):
+    return sorted(glob.glob(os.path.join(str(d), "*.json")))
+
+
+def test_list_shows_suites_cases_variants_axes(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ("smoke", "verify", "calibration.copy", "norm.rmsnorm", "triton", "tokens=1,4,16,64"):
+        assert word in out
+    assert main(["list", "--case", "norm.rmsnorm"]) == 0
+    assert "signature: Variant signature: fn(x, weight, eps, out, residual=None)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["run", "--suite", "nope"], "unknown suite 'nope'"),
+    (["run", "--case", "nope"], "unknown case 'nope'"),
+    (["run", "--case", "norm.rmsnorm", "--variant", "cuda_magic"], "unknown variant cuda_magic"),
+    (["run", "--case", "norm.rmsnorm", "--axis", "tokens=3"], "axis tokens has no value 3"),
+    (["run", "--case", "norm.rmsnorm", "--axis", "heads=8"], "no selected case has axis heads"),
+    (["run", "--case", "norm.rmsnorm", "--axis", "tokens"], "expected name=v1,v2"),
+    (["run", "--device", "tpu"], "use auto, cpu, cuda"),
+    (["compare", "/nonexistent/a.json", "/nonexistent/b.json"], "no such file"),
+    (["report", __file__], "not a JSON result file"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    if argv[:3] == ["run", "--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cuda_requested_without_cuda_is_a_clear_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    assert main(["run", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_run_report_compare_round_trip(tmp_path, capsys):
+    assert main(["run", *QUICK, "--device", "cpu", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "== norm.rmsnorm ==" in out and "triton" in out and "CPU timings" in out
+    (path,) = _files(tmp_path)
+    doc = json.load(open(path))
+    assert doc["run"]["complete"] and {r["status"] for r in doc["records"]} == {"OK"}
+    assert doc["fingerprint"]["software"]["torch"] == torch.__version__
+
+    for fmt, marker in (("text", "== norm.rmsnorm =="), ("markdown", "### norm.rmsnorm"), ("csv", "case,axes,variant")):
+        assert main(["report", path, "--format", fmt]) == 0
+        assert marker in capsys.readouterr().out
+
+    assert main(["compare", path, path, "--fail-on", "slower"]) == 0
+    out = capsys.readouterr().out
+    assert "verdicts: 2 SAME" in out
+    assert main(["compare", path, path, "--format", "markdown"]) == 0
+    assert "| case" in capsys.readouterr().out
+
+
+def test_fail_on_slower_exits_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cases_pkg, "all_cases", lambda: [Scaled(reps=20)])
+    assert main(["run", "--case", "test.scaled", "--variant", "base", "--device", "cpu", "--out", str(tmp_path / "a"),
+                 "--budget-s", "0.4"]) == 0
+    monkeypatch.setattr(cases_pkg, "all_cases", lambda: [Scaled(reps=40)])
+    assert main(["run", "--case", "test.scaled", "--variant", "base", "--device", "cpu", "--out", str(tmp_path / "b"),
+                 "--budget-s", "0.4"]) == 0
+    capsys.readouterr()
+    (a,), (b,) = _files(tmp_path / "a"), _files(tmp_path / "b")
+    assert main(["compare", a, b, "--fail-on", "slower"]) == 1
+    assert "SLOWER" in capsys.readouterr().out
+    assert main(["compare", b, a, "--fail-on", "slower"]) == 0  # faster is not a failure
+
+
+def test_ctrl_c_keeps_finished_points_in_an_incomplete_file(tmp_path, monkeypatch, capsys):
+    case = Scaled()
+
+    def interrupted_at_48(a, b, c):
+        if a.shape[0] == 48:
+            raise KeyboardInterrupt
+        torch.mm(a, b, out=c)
+
+    case.variants = lambda: [Variant("base", interrupted_at_48, devices=("cpu",))]
+    monkeypatch.setattr(cases_pkg, "all_cases", lambda: [case])
+    assert main(["run", "--case", "test.scaled", "--device", "cpu", "--out", str(tmp_path), "--budget-s", "0.1"]) == 130
+    (path,) = _files(tmp_path)
+    doc = json.load(open(path))
+    assert doc["run"]["complete"] is False and doc["run"]["interrupted"] is True
+    assert [r["axes"]["n"] for r in doc["records"]] == [32]
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_env_prints_reasons_for_what_is_missing(capsys):
+    assert main(["env", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out
+    assert main(["env", "--device", "cpu", "--json"]) == 0
+    assert "software" in json.loads(capsys.readouterr().out)
+
+
+def test_main_job_command_runs_the_smoke_suite_as_a_subprocess(tmp_path):
+    """What the README's main job runs after set-up, with a short budget."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.run([sys.executable, "-m", "microbench", "run", "--device", "cpu", "--budget-s", "0.05",
+                        "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "== calibration.copy ==" in p.stdout and "== norm.rmsnorm ==" in p.stdout
+    assert "points" in p.stderr and "[1/" in p.stderr  # count before the run, progress per point
+    assert len(_files(tmp_path)) == 1

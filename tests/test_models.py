@@ -1,0 +1,327 @@
+"""Model configs, per-rank shapes and hardware profiles: shipped data parses to the
+published shapes, and every malformed config is refused with a message naming the key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+
+from microbench.hardware import (
+    Figure,
+    HardwareProfile,
+    list_profiles,
+    load_profile,
+    profile_for_device_name,
+)
+from microbench.models import (
+    ConfigError,
+    ModelConfig,
+    ParallelLayout,
+    cases_dir,
+    list_models,
+    load_model,
+    rank_shapes,
+)
+
+
+def _raw(kind: str, name: str) -> dict:
+    with open(os.path.join(cases_dir(kind), f"{name}.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def kimi() -> ModelConfig:
+    return load_model("kimi-k2.5")
+
+
+@pytest.fixture(scope="module")
+def deepseek() -> ModelConfig:
+    return load_model("deepseek-v3")
+
+
+# --------------------------------------------------------------------------------------
+# Shipped model configs
+# --------------------------------------------------------------------------------------
+
+_COMMON = dict(hidden_size=7168, num_hidden_layers=61, q_lora_rank=1536, kv_lora_rank=512,
+               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts_per_tok=8,
+               moe_intermediate_size=2048, intermediate_size=18432, n_shared_experts=1,
+               scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True, moe_layer_freq=1)
+_KIMI = dict(_COMMON, name="kimi-k2.5", num_attention_heads=64, n_routed_experts=384,
+             first_k_dense_replace=1, vocab_size=163840, n_group=1, topk_group=1,
+             routed_scaling_factor=2.827, rms_norm_eps=1e-5)
+_DEEPSEEK = dict(_COMMON, name="deepseek-v3", num_attention_heads=128, n_routed_experts=256,
+                 first_k_dense_replace=3, vocab_size=129280, n_group=8, topk_group=4,
+                 routed_scaling_factor=2.5, rms_norm_eps=1e-6)
+
+
+@pytest.mark.parametrize("name, expected", [("kimi-k2.5", _KIMI), ("deepseek-v3", _DEEPSEEK)])
+def test_shipped_config_fields(name: str, expected: dict) -> None:
+    model = load_model(name)
+    for key, value in expected.items():
+        assert getattr(model, key) == value, key
+    assert model.qk_head_dim == 192
+    assert model.kv_cache_dim == 576
+    assert model.n_dense_layers == expected["first_k_dense_replace"]
+    assert model.n_moe_layers == 61 - expected["first_k_dense_replace"]
+
+
+def test_list_models() -> None:
+    assert list_models() == ["deepseek-v3", "kimi-k2.5"]
+
+
+def test_kimi_quantization_is_int4_group32(kimi: ModelConfig) -> None:
+    q = kimi.quant
+    assert (q.routed_experts, q.group_size, q.symmetric, q.scale_dtype, q.other) == ("int4", 32, True, "bf16", "bf16")
+    assert q.routed_bits == 4 and "compressed-tensors" in q.source
+
+
+def test_deepseek_quantization_is_fp8_block(deepseek: ModelConfig) -> None:
+    q = deepseek.quant
+    assert (q.routed_experts, q.other, q.weight_block) == ("fp8", "fp8", (128, 128))
+    assert q.group_size is None and q.scale_dtype == "fp32"
+
+
+def test_no_quantization_config_means_bf16() -> None:
+    raw = _raw("models", "deepseek-v3")
+    del raw["quantization_config"]
+    q = ModelConfig.from_hf(raw, name="plain").quant
+    assert (q.routed_experts, q.other, q.group_size) == ("bf16", "bf16", None)
+
+
+def test_ignored_experts_stay_bf16() -> None:
+    # The ignore list decides: ignoring every MLP makes the routed experts unquantised.
+    raw = _raw("models", "kimi-k2.5")
+    raw["quantization_config"]["ignore"].append("re:.*mlp.*")
+    assert ModelConfig.from_hf(raw, name="k").quant.routed_experts == "bf16"
+
+
+def test_flat_form_and_nested_quantization_config() -> None:
+    raw = _raw("models", "kimi-k2.5")
+    flat = dict(raw["text_config"], quantization_config=raw["quantization_config"])
+    model = ModelConfig.from_hf(flat, name="flat")
+    assert model.num_attention_heads == 64 and model.quant.routed_experts == "int4"
+    # quantization_config inside text_config, none at top level
+    nested = copy.deepcopy(raw)
+    nested["text_config"]["quantization_config"] = nested.pop("quantization_config")
+    assert ModelConfig.from_hf(nested, name="n").quant.group_size == 32
+
+
+def test_q_lora_rank_null_accepted() -> None:
+    raw = _raw("models", "deepseek-v3")
+    raw["q_lora_rank"] = None
+    model = ModelConfig.from_hf(raw, name="no-q-lora")
+    assert model.q_lora_rank is None
+    assert rank_shapes(model, ParallelLayout(tp=8)).q_lora_rank is None
+
+
+def test_from_path_names_by_stem(tmp_path) -> None:
+    path = tmp_path / "my-model.json"
+    path.write_text(json.dumps(_raw("models", "deepseek-v3")))
+    assert ModelConfig.from_hf(path).name == "my-model"
+    assert load_model(str(path)).num_attention_heads == 128
+    folder = tmp_path / "SomeModel"
+    folder.mkdir()
+    (folder / "config.json").write_text(path.read_text())
+    assert ModelConfig.from_hf(folder).name == "SomeModel"
+
+
+# --------------------------------------------------------------------------------------
+# Bad model configs: each message names the key (and the file)
+# --------------------------------------------------------------------------------------
+
+def test_missing_key_named() -> None:
+    raw = _raw("models", "kimi-k2.5")
+    del raw["text_config"]["kv_lora_rank"]
+    with pytest.raises(ConfigError, match=r"^kimi-k2\.5\.json: missing key 'kv_lora_rank'$"):
+        ModelConfig.from_hf(raw, name="kimi-k2.5.json")
+
+
+def test_missing_key_in_file_names_file(tmp_path) -> None:
+    raw = _raw("models", "deepseek-v3")
+    del raw["moe_intermediate_size"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=r"broken\.json: missing key 'moe_intermediate_size'"):
+        load_model(str(path))
+
+
+@pytest.mark.parametrize("key, value, pattern", [
+    ("hidden_size", 0, r"'hidden_size' must be positive, got 0"),
+    ("num_attention_heads", -64, r"'num_attention_heads' must be positive"),
+    ("rms_norm_eps", 0.0, r"'rms_norm_eps' must be positive"),
+    ("n_shared_experts", -1, r"'n_shared_experts' must be >= 0"),
+    ("hidden_size", "7168", r"'hidden_size' must be an integer, got str"),
+    ("vocab_size", 163840.0, r"'vocab_size' must be an integer, got float"),
+    ("n_routed_experts", True, r"'n_routed_experts' must be an integer, got bool"),
+    ("norm_topk_prob", 1, r"'norm_topk_prob' must be true or false"),
+    ("scoring_func", 3, r"'scoring_func' must be a non-empty string"),
+    ("routed_scaling_factor", "2.8", r"'routed_scaling_factor' must be a number"),
+    ("num_experts_per_tok", 500, r"num_experts_per_tok=500 exceeds n_routed_experts=384"),
+])
+def test_bad_values_named(key: str, value, pattern: str) -> None:
+    raw = _raw("models", "kimi-k2.5")
+    raw["text_config"][key] = value
+    with pytest.raises(ConfigError, match=pattern):
+        ModelConfig.from_hf(raw, name="kimi-k2.5.json")
+
+
+def test_unsupported_quantization_named() -> None:
+    raw = _raw("models", "deepseek-v3")
+    raw["quantization_config"] = {"quant_method": "awq"}
+    with pytest.raises(ConfigError, match=r"quant_method 'awq' is not supported"):
+        ModelConfig.from_hf(raw, name="d")
+    raw = _raw("models", "kimi-k2.5")
+    raw["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 3
+    with pytest.raises(ConfigError, match=r"num_bits=3"):
+        ModelConfig.from_hf(raw, name="k")
+
+
+def test_invalid_json_file(tmp_path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"hidden_size": 7168,,}')
+    with pytest.raises(ConfigError, match=r"bad\.json: invalid JSON at line 1"):
+        load_model(str(path))
+    with pytest.raises(ConfigError, match=r"no such file"):
+        load_model(str(tmp_path / "absent.json"))
+
+
+def test_unknown_model_lists_shipped_names() -> None:
+    with pytest.raises(ConfigError, match=r"unknown model 'llama-9'.*deepseek-v3, kimi-k2\.5"):
+        load_model("llama-9")
+
+
+# --------------------------------------------------------------------------------------
+# Per-rank shapes
+# --------------------------------------------------------------------------------------
+
+def test_kimi_tp8_shapes(kimi: ModelConfig) -> None:
+    s = rank_shapes(kimi, ParallelLayout(tp=8))
+    assert (s.heads_per_rank, s.q_head_dim, s.kv_cache_dim, s.kv_lora_rank, s.qk_rope_head_dim) == (8, 192, 576, 512, 64)
+    assert (s.v_head_dim, s.hidden, s.q_lora_rank, s.top_k) == (128, 7168, 1536, 8)
+    assert s.experts_per_rank == 384 and s.moe_intermediate_per_rank == 256
+    assert s.shared_intermediate_per_rank == 256 and s.dense_intermediate_per_rank == 2304
+    assert s.vocab_per_rank == 20480 and s.allreduce_bytes_per_token == 14336
+    assert s.as_dict()["model"] == "kimi-k2.5" and s.as_dict()["tp"] == 8
+
+
+def test_kimi_ep8_owns_whole_experts(kimi: ModelConfig) -> None:
+    s = rank_shapes(kimi, ParallelLayout(tp=8, ep=8))
+    assert s.experts_per_rank == 48 and s.moe_intermediate_per_rank == 2048
+    assert s.heads_per_rank == 8 and s.shared_intermediate_per_rank == 256
+
+
+def test_deepseek_tp8_shapes(deepseek: ModelConfig) -> None:
+    s = rank_shapes(deepseek, ParallelLayout(tp=8))
+    assert (s.heads_per_rank, s.experts_per_rank, s.vocab_per_rank) == (16, 256, 16160)
+    assert rank_shapes(deepseek, ParallelLayout()).heads_per_rank == 128
+
+
+def test_tp_not_dividing_heads(kimi: ModelConfig) -> None:
+    with pytest.raises(ConfigError, match=r"^tp=7 does not divide num_attention_heads=64$"):
+        rank_shapes(kimi, ParallelLayout(tp=7))
+
+
+def test_ep_not_dividing_experts(kimi: ModelConfig) -> None:
+    with pytest.raises(ConfigError, match=r"ep=5 does not divide n_routed_experts=384"):
+        rank_shapes(kimi, ParallelLayout(tp=5, ep=5))
+
+
+def test_ep_must_be_one_or_tp(kimi: ModelConfig) -> None:
+    with pytest.raises(ConfigError, match=r"ep=4 must be 1 .* or equal tp=8"):
+        rank_shapes(kimi, ParallelLayout(tp=8, ep=4))
+
+
+def test_tp_must_keep_whole_scale_groups(kimi: ModelConfig) -> None:
+    # 2048 / 128 = 16 rows per rank: half an INT4 group of 32 per rank.
+    raw = _raw("models", "kimi-k2.5")
+    raw["text_config"].update(num_attention_heads=128, vocab_size=163840)
+    wide = ModelConfig.from_hf(raw, name="wide")
+    with pytest.raises(ConfigError, match=r"moe_intermediate_per_rank=16 is not a multiple of the int4 scale group of 32"):
+        rank_shapes(wide, ParallelLayout(tp=128))
+
+
+@pytest.mark.parametrize("tp, ep", [(0, 1), (1, 0), (-8, 1), (2.0, 1), (True, 1)])
+def test_layout_rejects_non_positive(tp, ep) -> None:
+    with pytest.raises(ConfigError, match=r"ParallelLayout: (tp|ep) must be a positive integer"):
+        ParallelLayout(tp=tp, ep=ep)
+
+
+# --------------------------------------------------------------------------------------
+# Hardware profiles
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["h200-sxm", "rtx-pro-6000-blackwell"])
+def test_profiles_load_with_sources(name: str) -> None:
+    p = load_profile(name)
+    assert isinstance(p, HardwareProfile) and p.name == name and p.match
+    figures = p.figures()
+    for key in ("memory_bandwidth", "bf16_dense_flops", "fp8_dense_flops", "l2_bytes", "sm_count",
+                "memory_bytes", "launch_overhead", "interconnect.bandwidth_per_direction", "interconnect.latency"):
+        assert isinstance(figures[key], Figure), key
+    for key, fig in figures.items():
+        assert fig.value > 0 and fig.source.strip(), key
+
+
+def test_profile_figures() -> None:
+    h200, rtx = load_profile("h200-sxm"), load_profile("rtx-pro-6000-blackwell")
+    assert h200.memory_bandwidth.value == 4.8e12 and h200.memory_bandwidth.unit == "B/s"
+    assert h200.bf16_dense_flops.value == 989e12 and h200.sm_count.value == 132
+    assert h200.l2_bytes.value == 62914560 and h200.interconnect["kind"] == "nvlink"
+    assert h200.interconnect["bandwidth_per_direction"].value == 450e9
+    assert h200.measured["copy_bandwidth"].value == 4.3e12
+    assert rtx.interconnect["kind"] == "pcie" and rtx.sm_count.value == 188
+    assert rtx.peak_flops("fp8").value == 1007.6e12 and rtx.peak_flops("int4") is rtx.bf16_dense_flops
+    assert list_profiles() == ["h200-sxm", "rtx-pro-6000-blackwell"]
+
+
+def test_profile_for_device_name() -> None:
+    assert profile_for_device_name("NVIDIA H200").name == "h200-sxm"
+    assert profile_for_device_name("NVIDIA RTX PRO 6000 Blackwell Server Edition").name == "rtx-pro-6000-blackwell"
+    assert profile_for_device_name("NVIDIA A100-SXM4-80GB") is None
+
+
+def _write(tmp_path, data: dict):
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_profile_missing_figure_named(tmp_path) -> None:
+    raw = _raw("hardware", "h200-sxm")
+    del raw["figures"]["memory_bandwidth"]
+    with pytest.raises(ConfigError, match=r"edited\.json: missing figure 'memory_bandwidth'"):
+        load_profile(_write(tmp_path, raw))
+    raw = _raw("hardware", "h200-sxm")
+    del raw["interconnect"]["latency"]
+    with pytest.raises(ConfigError, match=r"missing figure 'interconnect\.latency'"):
+        load_profile(_write(tmp_path, raw))
+
+
+def test_profile_optional_figure_may_be_absent(tmp_path) -> None:
+    raw = _raw("hardware", "h200-sxm")
+    del raw["figures"]["fp8_dense_flops"]
+    assert load_profile(_write(tmp_path, raw)).fp8_dense_flops is None
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda r: r["figures"]["memory_bandwidth"].update(unit="GB/s"), r"'memory_bandwidth' unit must be B/s"),
+    (lambda r: r["figures"]["sm_count"].update(source=" "), r"'sm_count' needs a non-empty source"),
+    (lambda r: r["figures"]["l2_bytes"].update(value=-1), r"'l2_bytes' value must be a positive number"),
+    (lambda r: r["figures"].update(hbm_bw={}), r"unknown figure 'hbm_bw'"),
+    (lambda r: r["interconnect"].update(kind="infiniband"), r"interconnect kind must be one of"),
+    (lambda r: r.update(match=[]), r"'match' must be a non-empty list"),
+])
+def test_profile_bad_values_named(tmp_path, edit, pattern: str) -> None:
+    raw = _raw("hardware", "h200-sxm")
+    edit(raw)
+    with pytest.raises(ConfigError, match=pattern):
+        load_profile(_write(tmp_path, raw))
+
+
+def test_unknown_profile_lists_shipped_names() -> None:
+    with pytest.raises(ConfigError, match=r"unknown hardware profile 'tpu'.*h200-sxm, rtx-pro-6000-blackwell"):
+        load_profile("tpu")

@@ -1,0 +1,77 @@
+"""Result files: schema round trip, atomic writes, never overwriting, clear load errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from microbench.results import SCHEMA_VERSION, ResultError, ResultWriter, load, result_filename, write_atomic
+
+FP = {"git": {"short": "abc1234"}, "host": {"hostname": "gpu-host"}}
+
+
+def _rec(**kw):
+    r = {"case": "c", "axes": {"tokens": 4}, "variant": "v", "status": "OK", "timing": {"samples_s": [1e-3, 2e-3]}}
+    r.update(kw)
+    return r
+
+
+def test_round_trip_keeps_everything(tmp_path):
+    w = ResultWriter(str(tmp_path), {"suite": "smoke"}, FP)
+    w.add([_rec(), _rec(variant="w", status="FAILED", reason="incorrect")])
+    path = w.close(complete=True)
+    doc = load(path)
+    assert doc["schema_version"] == SCHEMA_VERSION and doc["run"]["complete"] is True
+    assert doc["records"][0]["timing"]["samples_s"] == [1e-3, 2e-3]
+    assert doc["records"][1]["reason"] == "incorrect"
+    assert os.path.basename(path).endswith("_gpu-host_abc1234.json")
+
+
+def test_two_writers_in_the_same_second_never_share_a_file(tmp_path):
+    paths = {ResultWriter(str(tmp_path), {}, FP).path for _ in range(3)}
+    assert len(paths) == 3 and all(os.path.exists(p) for p in paths)
+
+
+def test_a_run_is_on_disk_before_it_finishes_and_marked_incomplete(tmp_path):
+    w = ResultWriter(str(tmp_path), {}, FP)
+    w.add([_rec()])
+    w.flush()
+    assert load(w.path)["run"]["complete"] is False and len(load(w.path)["records"]) == 1
+    w.close(complete=False, interrupted=True)
+    assert load(w.path)["run"]["interrupted"] is True
+
+
+def test_atomic_write_leaves_the_old_file_when_serialisation_fails(tmp_path):
+    path = str(tmp_path / "r.json")
+    write_atomic(path, {"a": 1})
+    with pytest.raises(TypeError):
+        write_atomic(path, {"a": object()})
+    assert json.load(open(path)) == {"a": 1}
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
+
+
+def test_filename_without_git_says_so():
+    assert result_filename(None, "h").endswith("_h_nogit.json")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", "not a JSON result file"),
+    (json.dumps({"hello": 1}), "not a microbench result file"),
+    (json.dumps({"schema": "microbench.result", "schema_version": 99, "run": {}, "records": []}), "schema version 99"),
+    (json.dumps({"schema": "microbench.result", "schema_version": SCHEMA_VERSION, "run": {}, "records": [{"x": 1}]}),
+     "record 0 is malformed"),
+    (json.dumps({"schema": "microbench.result", "schema_version": SCHEMA_VERSION, "run": {},
+                 "records": [{"case": "c", "axes": {}, "variant": "v", "status": "MAYBE"}]}), "unknown status"),
+])
+def test_bad_files_give_one_clear_error(tmp_path, content, message):
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    with pytest.raises(ResultError, match=message):
+        load(str(p))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ResultError, match="no such file"):
+        load(str(tmp_path / "nope.json"))

@@ -1,0 +1,203 @@
+"""RMSNorm kernels against their torch reference, plus the empty launch.
+
+Runs on CPU tensors under Triton's interpreter when no CUDA device is present, and on
+the GPU otherwise.  Shapes are small and odd (H = 5, 123, 130: below, just under and
+just over a power of two) so that the masked tail of the block is exercised; inputs are
+fresh seeded random values and outputs are poisoned with NaN, so an element the kernel
+fails to write, or writes out of bounds, fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+CUDA = torch.cuda.is_available()
+# The interpreter must be switched on before triton and the kernel modules are imported:
+# @triton.jit decides at decoration time whether it builds an interpreted kernel.
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from microbench.kernels.launch import empty_launch  # noqa: E402
+from microbench.kernels.reference import rmsnorm_cost, rmsnorm_ref  # noqa: E402
+from microbench.kernels.rmsnorm import MAX_HIDDEN, rmsnorm  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+EPS = 1e-6  # DeepSeek-V3's rms_norm_eps
+
+DTYPE_TOLS = [
+    pytest.param(torch.float32, 1e-5, 1e-5, id="fp32"),
+    pytest.param(torch.float16, 2e-3, 2e-3, id="fp16"),
+    # bf16 keeps 8 mantissa bits (relative spacing 2**-8 ≈ 3.9e-3); the interpreter's
+    # bf16 handling is unreliable, so it is tested only on the GPU.
+    pytest.param(
+        torch.bfloat16,
+        1.6e-2,
+        1.6e-2,
+        id="bf16",
+        marks=pytest.mark.skipif(not CUDA, reason="bf16 is tested on a CUDA device only"),
+    ),
+]
+
+
+def _inputs(T: int, H: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    """Fresh seeded inputs: x and residual ~ N(0, 1), weight ~ 1 + 0.5·N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float32)  # noqa: E731
+    return {
+        "x": make(T, H).to(DEVICE, dtype),
+        "residual": make(T, H).to(DEVICE, dtype),
+        "weight": (1.0 + 0.5 * make(H)).to(DEVICE, dtype),
+    }
+
+
+def _nan_buffer(
+    T: int, H: int, dtype: torch.dtype, guard: int = 7
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A NaN-filled flat buffer and a [T, H] view of its start; the ``guard`` elements
+    after the view stay NaN unless the kernel writes past the end of its rows."""
+    buf = torch.full((T * H + guard,), float("nan"), dtype=dtype, device=DEVICE)
+    return buf, buf[: T * H].view(T, H)
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPE_TOLS)
+@pytest.mark.parametrize("T", [1, 3, 7])
+@pytest.mark.parametrize("H", [5, 123, 130])
+def test_rmsnorm_matches_reference(
+    dtype: torch.dtype, atol: float, rtol: float, T: int, H: int
+) -> None:
+    inp = _inputs(T, H, dtype, seed=1000 * T + H)
+    x, weight = inp["x"], inp["weight"]
+    x_before = x.clone()
+    buf, out = _nan_buffer(T, H, dtype)
+
+    got = rmsnorm(x, weight, EPS, out=out)
+
+    assert got is out
+    want, new_res = rmsnorm_ref(x_before, weight, EPS)
+    assert new_res is None
+    torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
+    assert torch.isnan(buf[T * H :]).all(), "kernel wrote past the end of out"
+    assert torch.equal(x, x_before), "x must not be modified"
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPE_TOLS)
+@pytest.mark.parametrize("T", [1, 3, 7])
+@pytest.mark.parametrize("H", [5, 123, 130])
+def test_fused_add_rmsnorm_matches_reference(
+    dtype: torch.dtype, atol: float, rtol: float, T: int, H: int
+) -> None:
+    inp = _inputs(T, H, dtype, seed=7 + 1000 * T + H)
+    x, weight = inp["x"], inp["weight"]
+    x_before = x.clone()
+    # The residual lives in a NaN-guarded buffer too, to catch out-of-bounds stores.
+    res_buf, residual = _nan_buffer(T, H, dtype)
+    residual.copy_(inp["residual"])
+    res_before = residual.clone()
+    res_ptr = residual.data_ptr()
+    out_buf, out = _nan_buffer(T, H, dtype)
+
+    got = rmsnorm(x, weight, EPS, residual=residual, out=out)
+
+    assert got is out
+    want, want_res = rmsnorm_ref(x_before, weight, EPS, residual=res_before)
+    assert want_res is not None
+    torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
+    # residual <- x + residual, in place and in x.dtype.
+    assert residual.data_ptr() == res_ptr and residual.dtype == dtype
+    torch.testing.assert_close(residual.float(), want_res, atol=atol, rtol=rtol)
+    assert not torch.equal(residual, res_before), "residual was not updated in place"
+    assert torch.isnan(out_buf[T * H :]).all(), "kernel wrote past the end of out"
+    assert torch.isnan(res_buf[T * H :]).all(), "kernel wrote past the end of residual"
+    assert torch.equal(x, x_before), "x must not be modified"
+
+
+def test_allocates_out_in_x_dtype() -> None:
+    inp = _inputs(3, 123, torch.float16, seed=5)
+    got = rmsnorm(inp["x"], inp["weight"], EPS)
+    assert got.shape == (3, 123) and got.dtype == torch.float16 and got.device == inp["x"].device
+    want, _ = rmsnorm_ref(inp["x"], inp["weight"], EPS)
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
+
+
+def test_in_place_on_x_is_allowed() -> None:
+    """out may be x itself: each program reads its row before writing it."""
+    inp = _inputs(3, 130, torch.float32, seed=6)
+    x = inp["x"]
+    want, _ = rmsnorm_ref(x.clone(), inp["weight"], EPS)
+    got = rmsnorm(x, inp["weight"], EPS, out=x)
+    assert got is x
+    torch.testing.assert_close(x, want, atol=1e-5, rtol=1e-5)
+
+
+def test_eps_is_applied() -> None:
+    """A large eps must change the result, and the kernel must follow the reference."""
+    inp = _inputs(3, 5, torch.float32, seed=8)
+    small = rmsnorm(inp["x"], inp["weight"], 1e-6)
+    large = rmsnorm(inp["x"], inp["weight"], 10.0)
+    torch.testing.assert_close(large, rmsnorm_ref(inp["x"], inp["weight"], 10.0)[0])
+    assert not torch.allclose(small, large, atol=1e-2)
+
+
+def test_zero_rows() -> None:
+    x = torch.empty(0, 123, device=DEVICE)
+    got = rmsnorm(x, torch.ones(123, device=DEVICE), EPS)
+    assert got.shape == (0, 123)
+
+
+def _bad_calls() -> list:
+    """(description, the failing call, argument name its message must start with)."""
+    f32, f16 = torch.float32, torch.float16
+    t = lambda *shape, dtype=f32: torch.randn(*shape, device=DEVICE, dtype=dtype)  # noqa: E731
+    w = t(8)
+
+    def out_is_residual() -> None:
+        r = t(2, 8)
+        rmsnorm(t(2, 8), w, EPS, residual=r, out=r)
+
+    i32 = torch.ones(2, 8, dtype=torch.int32, device=DEVICE)
+    return [
+        ("x 1-D", lambda: rmsnorm(t(8), w, EPS), "x"),
+        ("x int", lambda: rmsnorm(i32, w, EPS), "x"),
+        ("x non-contiguous", lambda: rmsnorm(t(8, 2).t(), w, EPS), "x"),
+        ("H too large", lambda: rmsnorm(t(1, MAX_HIDDEN + 1), t(MAX_HIDDEN + 1), EPS), "x"),
+        ("weight shape", lambda: rmsnorm(t(2, 8), t(7), EPS), "weight"),
+        ("weight dtype", lambda: rmsnorm(t(2, 8), t(8, dtype=f16), EPS), "weight"),
+        ("weight non-contiguous", lambda: rmsnorm(t(2, 8), t(16)[::2], EPS), "weight"),
+        ("residual shape", lambda: rmsnorm(t(2, 8), w, EPS, residual=t(3, 8)), "residual"),
+        ("residual dtype", lambda: rmsnorm(t(2, 8), w, EPS, residual=t(2, 8, dtype=f16)),
+         "residual"),
+        ("residual strided", lambda: rmsnorm(t(2, 8), w, EPS, residual=t(8, 2).t()), "residual"),
+        ("out shape", lambda: rmsnorm(t(2, 8), w, EPS, out=t(2, 9)), "out"),
+        ("out dtype", lambda: rmsnorm(t(2, 8), w, EPS, out=t(2, 8, dtype=f16)), "out"),
+        ("out is residual", out_is_residual, "out"),
+        ("eps negative", lambda: rmsnorm(t(2, 8), w, -1.0), "eps"),
+        ("eps nan", lambda: rmsnorm(t(2, 8), w, float("nan")), "eps"),
+    ]
+
+
+_BAD_CALLS = _bad_calls()
+
+
+@pytest.mark.parametrize("what, call, name", _BAD_CALLS, ids=[c[0] for c in _BAD_CALLS])
+def test_bad_arguments_raise_value_error(what: str, call, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        call()
+
+
+def test_cost_formula() -> None:
+    # bf16, T=4, H=7168: plain = read x + weight + write y; fused adds residual r/w.
+    T, H, e = 4, 7168, 2
+    assert rmsnorm_cost(T, H, e, fused_residual=False) == ((2 * T * H + H) * e, 4 * T * H)
+    assert rmsnorm_cost(T, H, e, fused_residual=True) == ((4 * T * H + H) * e, 5 * T * H)
+
+
+def test_empty_launch_runs() -> None:
+    x = torch.zeros(4, device=DEVICE)
+    assert empty_launch(x) is None
+    assert torch.equal(x, torch.zeros(4, device=DEVICE)), "the empty kernel must not write"
+    if CUDA:
+        torch.cuda.synchronize()

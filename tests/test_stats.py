@@ -1,0 +1,303 @@
+"""The statistics behind measurements and A/B verdicts, on seeded synthetic timings.
+
+Timings are modelled as lognormal around a true time (multiplicative noise, right skew,
+as real per-call times are); every generator is seeded, so each assertion is exact for
+its data and fails if the estimator or the verdict rule changes behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from microbench.stats import (
+    MIN_SAMPLES,
+    Summary,
+    Verdict,
+    classify,
+    compare_paired,
+    compare_samples,
+    geomean,
+    median_ci,
+    median_rel_noise,
+    summarize,
+)
+
+T0 = 1e-3  # a 1 ms case
+
+
+def lognormal(rng: np.random.Generator, n: int, sigma: float, scale: float = T0) -> np.ndarray:
+    """[n] seconds: ``scale`` times lognormal noise of log-sigma ``sigma`` (median = scale)."""
+    return scale * np.exp(sigma * rng.standard_normal(n))
+
+
+# --------------------------------------------------------------------------- one sample set
+
+
+def test_summarize_matches_numpy() -> None:
+    x = lognormal(np.random.default_rng(1), 257, 0.1)
+    s = summarize(list(x))
+    p20, p25, p75, p80 = np.percentile(x, [20, 25, 75, 80])
+    assert s.count == 257
+    assert s.median == pytest.approx(np.median(x), rel=1e-12)
+    assert s.p20 == pytest.approx(p20, rel=1e-12)
+    assert s.p80 == pytest.approx(p80, rel=1e-12)
+    assert s.iqr == pytest.approx(p75 - p25, rel=1e-12)
+    assert s.mean == pytest.approx(x.mean(), rel=1e-12)
+    assert s.stddev == pytest.approx(x.std(ddof=1), rel=1e-12)
+    assert (s.min, s.max) == (x.min(), x.max())
+    assert s.rel_noise == median_rel_noise(x)
+
+
+def test_summarize_small_known_values() -> None:
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s.count, s.median, s.min, s.max, s.mean) == (5, 3.0, 1.0, 5.0, 3.0)
+    assert s.iqr == pytest.approx(2.0)
+    assert math.isinf(s.rel_noise)  # 5 < MIN_SAMPLES: no interval
+    assert summarize([2.5]).stddev == 0.0
+
+
+def test_median_rel_noise_shrinks_like_inverse_sqrt_n() -> None:
+    rng = np.random.default_rng(2)
+    sigma = 0.05
+    small, large = median_rel_noise(lognormal(rng, 100, sigma)), median_rel_noise(lognormal(rng, 10_000, sigma))
+    assert 7.0 < small / large < 14.0, (small, large)  # sqrt(10000 / 100) = 10
+    # Half-width of a median interval: z * sqrt(pi / 2) * sigma / sqrt(n) for a near-normal shape.
+    expected = 1.96 * math.sqrt(math.pi / 2) * sigma / math.sqrt(10_000)
+    assert large == pytest.approx(expected, rel=0.15)
+
+
+def test_median_rel_noise_inf_for_tiny_n() -> None:
+    for n in range(1, MIN_SAMPLES):
+        assert math.isinf(median_rel_noise([1.0 + 0.01 * i for i in range(n)]))
+    assert math.isfinite(median_rel_noise([1.0 + 0.01 * i for i in range(MIN_SAMPLES)]))
+    assert median_ci([1.0, 2.0]) == (-math.inf, math.inf)
+
+
+def test_median_ci_textbook_ranks_and_coverage() -> None:
+    # n = 100 at 95%: the interval is the 40th and 61st order statistics (1-based).
+    x = np.arange(1.0, 101.0)
+    assert median_ci(x) == (40.0, 61.0)
+    # Coverage of the true median over many seeded draws is near the nominal 95%
+    # (the order-statistic interval is slightly conservative).
+    rng = np.random.default_rng(3)
+    hits = 0
+    trials = 400
+    for _ in range(trials):
+        lo, hi = median_ci(lognormal(rng, 41, 0.2))
+        hits += lo <= T0 <= hi
+    assert 0.92 <= hits / trials <= 0.995, hits / trials
+
+
+def test_invalid_samples_raise() -> None:
+    for bad in ([], [1.0, float("nan")], [1.0, float("inf")]):
+        with pytest.raises(ValueError):
+            summarize(bad)
+        with pytest.raises(ValueError):
+            median_rel_noise(bad)
+    with pytest.raises(ValueError, match="new: 1 non-finite"):
+        compare_samples([1.0] * 10, [1.0] * 9 + [float("nan")])
+    with pytest.raises(ValueError, match="base: empty"):
+        compare_paired([], [1.0])
+    with pytest.raises(ValueError, match="positive"):
+        compare_samples([1.0, 0.0] * 5, [1.0] * 10)
+    with pytest.raises(ValueError, match="both"):
+        compare_samples([1.0] * 10, [1.0] * 10, base_probe=[1.0] * 10)
+    with pytest.raises(ValueError, match="confidence"):
+        compare_samples([1.0] * 10, [1.0] * 10, confidence=1.5)
+    with pytest.raises(ValueError):
+        geomean([1.0, -2.0])
+
+
+def test_geomean() -> None:
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([1.1] * 7) == pytest.approx(1.1)
+
+
+# --------------------------------------------------------------------------- verdict rule
+
+
+def test_classify_rule_and_edges() -> None:
+    e = 0.02
+    assert classify(1.10, 1.08, 1.12, e) == "SLOWER"
+    assert classify(0.90, 0.88, 0.92, e) == "FASTER"
+    assert classify(1.00, 0.99, 1.01, e) == "SAME"
+    # A big ratio whose interval still reaches 1 is not a verdict.
+    assert classify(1.30, 0.95, 1.70, e) == "UNSURE"
+    assert classify(0.70, 0.40, 1.01, e) == "UNSURE"
+    # A narrow interval excluding 1 but a 1% change: real, too small to matter.
+    assert classify(1.01, 1.005, 1.015, e) == "SAME"
+    assert classify(0.99, 0.985, 0.995, e) == "SAME"
+    # Excludes 1, ratio under the minimum effect, interval reaching past it: cannot tell.
+    assert classify(1.015, 1.001, 1.04, e) == "UNSURE"
+    # A wide interval around 1 proves nothing either way.
+    assert classify(1.0, 0.95, 1.05, e) == "UNSURE"
+    # Probably slower, but the interval reaches back inside the minimum effect: UNSURE.
+    assert classify(1.05, 1.01, 1.09, e) == "UNSURE"
+    assert classify(0.95, 0.91, 0.99, e) == "UNSURE"
+    # Boundaries: a verdict needs the whole interval past the effect; SAME includes its edges.
+    assert classify(1.03, 1.021, 1.04, e) == "SLOWER"
+    assert classify(1.03, 1.02, 1.04, e) == "UNSURE"
+    assert classify(1.0, 0.98, 1.02, e) == "SAME"
+    assert classify(1.0, 0.0, math.inf, e) == "UNSURE"
+    with pytest.raises(ValueError):
+        classify(float("nan"), 0.9, 1.1, e)
+    with pytest.raises(ValueError):
+        classify(1.0, 1.1, 0.9, e)
+
+
+# --------------------------------------------------------------------------- two runs
+
+
+def test_identical_distributions_are_same() -> None:
+    rng = np.random.default_rng(10)
+    v = compare_samples(lognormal(rng, 200, 0.02), lognormal(rng, 200, 0.02))
+    assert v.label == "SAME", v.explain()
+    assert v.lo < v.ratio < v.hi
+    assert v.method == "bootstrap-median" and v.env_ratio is None and v.raw_ratio == v.ratio
+
+
+@pytest.mark.parametrize(("factor", "label"), [(1.10, "SLOWER"), (1 / 1.10, "FASTER")])
+def test_ten_percent_change_is_detected(factor: float, label: str) -> None:
+    rng = np.random.default_rng(11)
+    v = compare_samples(lognormal(rng, 200, 0.02), lognormal(rng, 200, 0.02, scale=T0 * factor))
+    assert v.label == label, v.explain()
+    assert v.ratio == pytest.approx(factor, rel=0.01)
+    assert v.lo <= factor <= v.hi
+
+
+def test_one_percent_under_five_percent_noise_large_n_is_same() -> None:
+    # n = 2000: the interval is about ±0.4% wide, so a 1% shift is ruled out as >= 2%.
+    rng = np.random.default_rng(12)
+    for seed in range(4):
+        v = compare_samples(lognormal(rng, 2000, 0.05), lognormal(rng, 2000, 0.05, scale=T0 * 1.01), seed=seed)
+        assert v.label == "SAME", v.explain()
+
+
+def test_one_percent_under_five_percent_noise_small_n_is_rarely_a_verdict() -> None:
+    # n = 50: the median ratio's standard error is ~1.25% here. An interval that merely
+    # excluded 1 would read SLOWER in ~7% of draws; the rule needs the whole interval past
+    # 2%, which a true 1% shift reaches only by a ~2.7-sigma overshoot. Never a verdict
+    # over these 150 draws; otherwise UNSURE rather than SAME (2% is not ruled out).
+    rng = np.random.default_rng(13)
+    labels = [
+        compare_samples(lognormal(rng, 50, 0.05), lognormal(rng, 50, 0.05, scale=T0 * 1.01), n_boot=1000, seed=i).label
+        for i in range(150)
+    ]
+    assert labels.count("FASTER") == 0, labels.count("FASTER")
+    assert labels.count("SLOWER") == 0, f"{labels.count('SLOWER')} of {len(labels)} SLOWER"
+    assert labels.count("UNSURE") >= 0.8 * len(labels), f"{labels.count('UNSURE')} of {len(labels)} UNSURE"
+
+
+def test_probes_separate_environment_from_code() -> None:
+    rng = np.random.default_rng(113)
+    env = 1.18  # the whole machine 18% slower in the new run
+    base, base_probe = lognormal(rng, 200, 0.02), lognormal(rng, 200, 0.02, scale=0.5 * T0)
+    new, new_probe = lognormal(rng, 200, 0.02, scale=T0 * env), lognormal(rng, 200, 0.02, scale=0.5 * T0 * env)
+
+    naive = compare_samples(base, new)
+    assert naive.label == "SLOWER", naive.explain()
+
+    v = compare_samples(base, new, base_probe=base_probe, new_probe=new_probe)
+    assert v.label == "SAME", v.explain()
+    assert v.env_ratio == pytest.approx(env, rel=0.01)
+    assert v.raw_ratio == pytest.approx(naive.ratio)
+    assert v.ratio == pytest.approx(v.raw_ratio / v.env_ratio)
+    text = v.explain()
+    assert re.search(r"environment moved \+1[78]\.\d%", text) and "moved with it" in text, text
+    # The corrected interval carries the probe's noise too: wider than the raw one.
+    assert v.hi - v.lo > naive.hi - naive.lo
+
+    slower = lognormal(rng, 200, 0.02, scale=T0 * env * 1.10)
+    w = compare_samples(base, slower, base_probe=base_probe, new_probe=new_probe)
+    assert w.label == "SLOWER", w.explain()
+    assert w.ratio == pytest.approx(1.10, rel=0.015)
+    assert w.raw_ratio == pytest.approx(env * 1.10, rel=0.015)
+    assert re.search(r"environment moved \+1[78]\.\d%", w.explain()), w.explain()
+
+
+def test_steady_environment_is_reported_as_steady() -> None:
+    rng = np.random.default_rng(14)
+    a, b, pa, pb = (lognormal(rng, 100, 0.02) for _ in range(4))
+    v = compare_samples(a, b, base_probe=pa, new_probe=pb)
+    assert v.label == "SAME" and "environment steady" in v.explain(), v.explain()
+
+
+def test_false_positive_rate_of_a_a_pairs() -> None:
+    rng = np.random.default_rng(15)
+    labels = [compare_samples(lognormal(rng, 60, 0.03), lognormal(rng, 60, 0.03), seed=i).label for i in range(200)]
+    wrong = labels.count("FASTER") + labels.count("SLOWER")
+    assert wrong <= 2, f"{wrong} of 200 A/A pairs called FASTER/SLOWER"
+    assert labels.count("SAME") > 100  # and the rule is not just refusing to decide
+
+
+# --------------------------------------------------------------------------- one interleaved run
+
+
+def _drifting_rounds(rng: np.random.Generator, rounds: int, slowdown: float) -> tuple[np.ndarray, np.ndarray]:
+    """A and B interleaved under the same +10% linear drift across the run; B x ``slowdown``."""
+    drift = 1.0 + 0.10 * np.arange(rounds) / (rounds - 1)
+    return drift * lognormal(rng, rounds, 0.02), drift * lognormal(rng, rounds, 0.02, scale=T0 * slowdown)
+
+
+def test_paired_cancels_drift() -> None:
+    a, b = _drifting_rounds(np.random.default_rng(16), 300, 1.0)
+    v = compare_paired(a, b)
+    assert v.label == "SAME", v.explain()
+    assert v.method == "paired-median" and (v.n_base, v.n_new) == (300, 300)
+    # Unpaired, the drift widens the interval; paired, it cancels in each round's ratio.
+    u = compare_samples(a, b)
+    assert v.hi - v.lo < 0.7 * (u.hi - u.lo), (v.explain(), u.explain())
+
+
+def test_paired_detects_slowdown_under_drift() -> None:
+    a, b = _drifting_rounds(np.random.default_rng(17), 300, 1.10)
+    v = compare_paired(a, b)
+    assert v.label == "SLOWER", v.explain()
+    assert v.ratio == pytest.approx(1.10, rel=0.01)
+
+
+def test_paired_truncates_to_common_length() -> None:
+    a, b = _drifting_rounds(np.random.default_rng(18), 120, 1.0)
+    v = compare_paired(a, b[:100])
+    assert (v.n_base, v.n_new) == (120, 100)
+    assert v.ratio == pytest.approx(float(np.median(b[:100] / a[:100])))
+
+
+def test_too_few_samples_is_unsure() -> None:
+    for v in (compare_samples([1.0, 1.1, 1.2], [2.0, 2.1, 2.2]), compare_paired([1.0] * 4, [2.0] * 4)):
+        assert v.label == "UNSURE" and (v.lo, v.hi) == (0.0, math.inf)
+        assert "too few samples" in v.explain()
+
+
+# --------------------------------------------------------------------------- mechanics
+
+
+def test_bootstrap_is_deterministic_per_seed() -> None:
+    rng = np.random.default_rng(19)
+    a, b = lognormal(rng, 80, 0.05), lognormal(rng, 80, 0.05)
+    assert compare_samples(a, b, seed=7) == compare_samples(a, b, seed=7)
+    assert compare_paired(a, b, seed=7) == compare_paired(a, b, seed=7)
+    assert compare_samples(a, b, seed=7).lo != compare_samples(a, b, seed=8).lo
+
+
+def test_large_sample_sets_are_chunked() -> None:
+    rng = np.random.default_rng(20)
+    a, b = lognormal(rng, 10_000, 0.03), lognormal(rng, 10_000, 0.03, scale=T0 * 1.05)
+    v = compare_samples(a, b, n_boot=600)
+    assert v.label == "SLOWER" and v.hi - v.lo < 0.005, v.explain()
+
+
+def test_round_trips_through_json() -> None:
+    rng = np.random.default_rng(21)
+    a, b, pa, pb = (lognormal(rng, 50, 0.02) for _ in range(4))
+    for v in (compare_samples(a, b, base_probe=pa, new_probe=pb), compare_paired(a, b), compare_samples(a[:3], b)):
+        d = json.loads(json.dumps(v.to_dict()))
+        assert Verdict.from_dict(d) == v
+        assert all(type(x) in (str, int, float, type(None)) for x in d.values())
+    for s in (summarize(a), summarize(a[:2])):
+        assert Summary.from_dict(json.loads(json.dumps(s.to_dict()))) == s

@@ -1,0 +1,153 @@
+"""The timing engine: the stopping rule against synthetic timers, and the CPU path for real."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from microbench.timing import (TimingOptions, copies_for_cold_cache, measure, measure_interleaved, run_interleaved,
+                               run_until_stable, stop_reason)
+
+
+class FakeClock:
+    """A clock that advances by each synthetic sample, plus a fixed overhead per sample."""
+
+    def __init__(self, overhead_s: float = 0.0):
+        self.t = 0.0
+        self.overhead = overhead_s
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sampler(self, rng: np.random.Generator, median_s: float, sigma: float):
+        def take() -> float:
+            s = float(median_s * rng.lognormal(0.0, sigma))
+            self.t += s + self.overhead
+            return s
+
+        return take
+
+
+def test_quiet_timer_stops_on_noise_after_min_samples():
+    clock = FakeClock()
+    opts = TimingOptions(min_samples=10, min_time_s=0.0, max_noise=0.005, budget_s=10.0)
+    samples, reason, _ = run_until_stable(clock.sampler(np.random.default_rng(0), 1e-3, 0.001), opts, clock)
+    assert reason == "noise"
+    assert len(samples) == 10  # 0.1% noise meets a 0.5% target as soon as it is allowed to stop
+
+
+def test_noisier_timer_needs_more_samples_roughly_by_variance():
+    counts = []
+    for sigma in (0.01, 0.04):
+        clock = FakeClock()
+        opts = TimingOptions(min_samples=10, min_time_s=0.0, max_noise=0.005, budget_s=1e9, max_samples=100_000)
+        samples, reason, _ = run_until_stable(clock.sampler(np.random.default_rng(1), 1e-3, sigma), opts, clock)
+        assert reason == "noise"
+        counts.append(len(samples))
+    # n ~ (z sigma / target)^2: four times the noise needs ~16x the samples
+    assert 6 < counts[1] / counts[0] < 40, counts
+
+
+def test_budget_ends_a_noisy_measurement_and_says_so():
+    clock = FakeClock()
+    opts = TimingOptions(min_samples=10, max_noise=0.001, budget_s=0.5)
+    samples, reason, elapsed = run_until_stable(clock.sampler(np.random.default_rng(2), 1e-2, 0.3), opts, clock)
+    assert reason == "budget"
+    assert 0.5 <= elapsed < 0.5 + 0.2  # stops within a sample or so of the budget
+    assert len(samples) < 100
+
+
+def test_min_time_holds_even_when_noise_is_met():
+    clock = FakeClock()
+    opts = TimingOptions(min_samples=5, min_time_s=0.1, max_noise=0.5, budget_s=10)
+    samples, reason, _ = run_until_stable(clock.sampler(np.random.default_rng(3), 1e-3, 0.0001), opts, clock)
+    assert reason == "noise" and sum(samples) >= 0.1 and len(samples) >= 100
+
+
+def test_max_samples_caps_and_floor_of_three_under_budget():
+    assert stop_reason(50, 1.0, 0.0, math.inf, TimingOptions(min_samples=10, max_samples=50)) == "max_samples"
+    # a 2 s call under a 1 s budget still gets three samples: one gives no spread
+    opts = TimingOptions(budget_s=1.0)
+    assert stop_reason(1, 2.0, 2.0, math.inf, opts) is None
+    assert stop_reason(3, 6.0, 6.0, math.inf, opts) == "budget"
+
+
+def test_interleaved_pairs_rounds_and_waits_for_every_variant():
+    clock = FakeClock()
+    rng = np.random.default_rng(4)
+    quiet, noisy = clock.sampler(rng, 1e-3, 0.001), clock.sampler(rng, 1e-3, 0.03)
+    opts = TimingOptions(min_samples=10, min_time_s=0.0, max_noise=0.005, budget_s=100)
+    (a, b), reason, _ = run_interleaved([quiet, noisy], opts, clock)
+    assert reason == "noise" and len(a) == len(b) > 10  # the quiet one waited for the noisy one
+
+
+def test_bad_options_are_rejected():
+    with pytest.raises(ValueError, match="mode"):
+        TimingOptions(mode="warm")
+    with pytest.raises(ValueError, match="graph mode needs a CUDA"):
+        TimingOptions(mode="graph").resolved_mode("cpu")
+
+
+def test_cpu_measure_real_function_keeps_raw_samples_and_stats():
+    a = torch.randn(64, 64)
+    m = measure(lambda: a @ a, device="cpu", options=TimingOptions(budget_s=0.3))
+    assert m.timer == "perf_counter_ns" and m.mode == "hot"
+    assert m.summary.count == len(m.samples_s) >= 10
+    assert m.summary.min <= m.summary.p20 <= m.summary.median <= m.summary.p80 <= m.summary.max
+    assert m.stop_reason in ("noise", "budget")
+    d = m.to_dict()
+    assert type(m).from_dict(d).samples_s == m.samples_s
+
+
+def test_cpu_batches_tiny_calls_so_each_sample_is_long_enough():
+    m = measure(lambda: None, device="cpu", options=TimingOptions(budget_s=0.1, min_sample_s=50e-6))
+    assert m.batch > 10
+    assert m.summary.median < 5e-6  # per call, not per batch
+
+
+def test_cpu_cold_mode_flushes_and_times_one_call_per_sample():
+    m = measure(lambda: time.sleep(0), device="cpu", options=TimingOptions(mode="cold", budget_s=0.2),
+                cache_bytes=1 << 20)
+    assert m.batch == 1 and m.flush_bytes == 2 << 20
+
+
+def test_interleaved_cpu_measurements_have_equal_counts():
+    x = torch.randn(32, 32)
+    ms = measure_interleaved([[lambda: x @ x], [lambda: x @ x @ x]], device="cpu",
+                             options=TimingOptions(budget_s=0.2))
+    assert len(ms[0].samples_s) == len(ms[1].samples_s)
+    assert ms[1].summary.median > ms[0].summary.median
+
+
+def test_exceptions_from_the_call_propagate():
+    def boom():
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        measure(boom, device="cpu")
+
+
+def test_copies_cover_four_times_the_cache():
+    assert copies_for_cold_cache(10 << 20, 60 << 20) == 24
+    assert copies_for_cold_cache(1 << 30, 60 << 20) == 1
+    assert copies_for_cold_cache(1 << 10, 60 << 20) == 256  # capped
+
+
+@pytest.mark.gpu
+def test_cuda_modes_agree_on_a_bandwidth_bound_copy():
+    n = 64 << 20
+    src = torch.randn(n // 4, device="cuda")
+    dst = torch.empty_like(src)
+    cold = measure(lambda: dst.copy_(src), device="cuda", options=TimingOptions(mode="cold"),
+                   cache_bytes=torch.cuda.get_device_properties(0).L2_cache_size)
+    srcs = [torch.randn(n // 4, device="cuda") for _ in range(4)]
+    dsts = [torch.empty_like(s) for s in srcs]
+    calls = [lambda s=s, d=d: d.copy_(s) for s, d in zip(srcs, dsts)]
+    graph = measure(calls, device="cuda", options=TimingOptions(mode="graph"))
+    assert cold.timer == graph.timer == "cuda-events"
+    # 128 MB per copy at >1 TB/s: tens of µs; graph and cold agree within 30%
+    assert 0.7 < graph.summary.median / cold.summary.median < 1.3
