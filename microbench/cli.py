@@ -155,7 +155,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     opts = RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, seed=a.seed, min_effect=a.min_effect, probe=not a.no_probe,
-                      cache_bytes=env.l2_cache_bytes(device), profile_ceilings=_profile_ceilings(device))
+                      cache_bytes=env.l2_cache_bytes(device), profile_ceilings=_profile_ceilings(device),
+                      repeat=a.repeat if a.repeat else (1 if device.startswith("cuda") else 3))
     try:
         p: Plan = plan(cases, opts)
     except ValueError as e:
@@ -166,13 +167,14 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise UsageError(f"no selected case has axis {', '.join(stray)}")
     n_var = sum(len(c.variants()) for c, _ in p.items)
     print(f"microbench run: suite {suite} on {device}: {len(p.items)} points ({n_var} variant runs)"
+          + (f" x {opts.repeat} passes" if opts.repeat > 1 else "")
           + (f", {len(p.skipped)} skipped" if p.skipped else "") + f" from {len(cases)} case(s)", file=sys.stderr)
 
     fp = env.fingerprint(device)
     run_meta = {"id": None, "started_utc": utc_now(), "argv": sys.argv[1:], "suite": suite,
                 "cases": [c.id for c in cases], "device": device, "seed": a.seed, "interleave": a.interleave,
                 "timing": timing.__dict__, "min_effect": a.min_effect,
-                "cpu_threads": a.threads if device == "cpu" else None}
+                "cpu_threads": a.threads if device == "cpu" else None, "repeat": opts.repeat}
     writer = ResultWriter(a.out, run_meta, fp)
     writer.doc["run"]["id"] = os.path.basename(writer.path)[: -len(".json")]
     runner = Runner(opts, writer)
@@ -227,7 +229,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
             raise UsageError(f"--map-variant {item!r}: expected BASE_VARIANT=NEW_VARIANT")
         mapping[old] = new
     base, new = _load(a.base), _load(a.new)
-    result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping)
+    result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
+                                  probe_correct=a.probe_correct)
     print(compare.render(result, a.format), end="")
     if a.fail_on == "slower" and any(row["label"] == "SLOWER" for row in result["rows"]):
         return 1
@@ -235,6 +238,18 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- parser
+
+
+def _quantile(text: str) -> float:
+    if text == "median":
+        return 0.5
+    try:
+        q = float(text[1:]) / 100 if text.startswith("p") else float("nan")
+    except ValueError:
+        q = float("nan")
+    if not 0 < q < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use median or pN with 0 < N < 100 (e.g. p5)")
+    return q
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-noise", type=float, default=0.005, help="stop when the median's relative noise is under this")
     r.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change a verdict calls real")
     r.add_argument("--interleave", action="store_true", help="time variants alternately (A B A B) for in-run A/B")
+    r.add_argument("--repeat", type=int, help="passes over the whole plan, samples pooled per point, so each "
+                   "spans the run and its wander is measured (default: 3 on CPU, 1 on CUDA)")
     r.add_argument("--seed", type=int, default=0, help="input seed (recorded)")
     r.add_argument("--no-probe", action="store_true", help="skip the environment probe beside each point")
     r.add_argument("--threads", type=int, default=1, help="torch CPU threads when --device cpu (default 1)")
@@ -278,6 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=["text", "markdown"], default="text")
     c.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change called real (default 2%%)")
     c.add_argument("--fail-on", choices=["slower"], help="exit 1 when any case is SLOWER")
+    c.add_argument("--stat", type=_quantile, metavar="median|pN",
+                   help="statistic compared: median (default) or a percentile like p5")
+    c.add_argument("--probe-correct", action="store_true",
+                   help="divide each ratio by the environment probe's ratio between the runs")
     c.add_argument("--map-variant", action="append", metavar="BASE=NEW",
                    help="compare variant BASE of the base run with variant NEW of the new run")
     c.set_defaults(func=cmd_compare)

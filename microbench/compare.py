@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+import numpy as np
+
 from tabulate import tabulate
 
 from microbench import stats
@@ -73,34 +75,31 @@ def _reasons(r: Mapping[str, Any]) -> set[str]:
     return set((r.get("clocks") or {}).get("throttle_reasons") or []) - BENIGN_REASONS
 
 
-def run_wander(doc: Mapping[str, Any]) -> float:
-    """The environment's wander within a run (log sigma), from the probe at each point."""
-    seen: dict[tuple, list[float]] = {}
-    for r in doc["records"]:
-        p = r.get("probe") or {}
-        # the probe taken before and after each point: their spread over the run is the
-        # environment's wander at the time scale of a comparison
-        meds = [p.get("before_median_s"), p.get("after_median_s")]
-        if all(meds):
-            seen[(r["case"], repr(sorted(r["axes"].items())))] = meds
-    return stats.env_wander([m for pair in seen.values() for m in pair])
-
-
-def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, env_sigma: float) -> dict[str, Any]:
+def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantile: float,
+          probe_correct: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"case": n["case"], "axes": n["axes"], "variant": n["variant"],
-                           "base_median": None, "new_median": None, "label": "n/a", "notes": []}
+                           "base_time": None, "new_time": None, "label": "n/a", "notes": []}
     if b["status"] != "OK" or n["status"] != "OK":
         row["label"] = "BROKEN" if b["status"] == "OK" else f"{b['status']}->{n['status']}"
         row["notes"].append(n.get("reason") or b.get("reason") or "")
         return row
     bs, ns = b["timing"]["samples_s"], n["timing"]["samples_s"]
-    row["base_median"], row["new_median"] = b["timing"]["summary"]["median"], n["timing"]["summary"]["median"]
+    row["base_time"], row["new_time"] = float(np.quantile(bs, quantile)), float(np.quantile(ns, quantile))
     (bv, bp), (nv, np_) = _probe_samples(b), _probe_samples(n)
     probes = bool(bp and np_ and bv == nv)
-    v = stats.compare_samples(bs, ns, min_effect=min_effect, base_probe=bp if probes else None,
-                              new_probe=np_ if probes else None, env_sigma=env_sigma)
-    row.update(label=v.label, ratio=v.ratio, lo=v.lo, hi=v.hi, raw_ratio=v.raw_ratio, env_ratio=v.env_ratio,
-               explain=v.explain())
+    wander = math.hypot(stats.block_sigma(bs, b["timing"].get("passes")),
+                        stats.block_sigma(ns, n["timing"].get("passes")))
+    v = stats.compare_samples(bs, ns, min_effect=min_effect, env_sigma=wander, quantile=quantile,
+                              base_probe=bp if probes and probe_correct else None,
+                              new_probe=np_ if probes and probe_correct else None)
+    env = float(np.median(np_) / np.median(bp)) if probes else None
+    row.update(label=v.label, ratio=v.ratio, lo=v.lo, hi=v.hi, raw_ratio=v.raw_ratio, env_ratio=env,
+               wander=wander, explain=v.explain())
+    if wander > min_effect:
+        row["notes"].append(f"wandered ±{100 * wander:.1f}% within a run")
+    if env is not None and abs(env - 1) > min_effect and not probe_correct:
+        moved = abs(v.raw_ratio - 1) > min_effect and (v.raw_ratio > 1) == (env > 1)
+        row["notes"].append(f"environment {100 * (env - 1):+.1f}%" + (", this case moved with it" if moved else ""))
     if b["timing"].get("mode") != n["timing"].get("mode"):
         row["notes"].append(f"timing mode {b['timing'].get('mode')} vs {n['timing'].get('mode')}")
     cb, cn = _clock_mean(b), _clock_mean(n)
@@ -113,8 +112,15 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, env_sig
 
 
 def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect: float = 0.02,
-                 variant_map: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Match records and give each pair a verdict; collect the environment differences."""
+                 variant_map: Mapping[str, str] | None = None, quantile: float | None = None,
+                 probe_correct: bool = False) -> dict[str, Any]:
+    """Match records and give each pair a verdict; collect the environment differences.
+
+    ``quantile``: the statistic compared (default the median). ``probe_correct``: divide
+    each ratio by the environment probe's ratio. Off by default: on a shared 2-core CPU
+    machine the probe and a case did not move together (over 14 A/A pairs the corrected
+    ratio was further from 1 than the raw one in 10), so the probe explains, and the
+    record's own wander over time (:func:`microbench.stats.block_sigma`) widens the interval."""
     vmap = dict(variant_map or {})
 
     def key(r: Mapping[str, Any], side: str) -> tuple:
@@ -122,11 +128,12 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
             r = {**r, "variant": vmap[r["variant"]]}
         return record_key(r)
 
-    bmap = {key(r, "base"): r for r in base["records"]}
+    # a mapped comparison puts base's `old` where `new` was: base's own `new` steps aside
+    bmap = {key(r, "base"): r for r in base["records"]
+            if r["variant"] in vmap or r["variant"] not in vmap.values()}
     nmap = {key(r, "new"): r for r in new["records"]}
-    wander = (run_wander(base), run_wander(new))
-    env_sigma = math.hypot(*wander)
-    rows = [_pair(bmap[k], nmap[k], min_effect, env_sigma) for k in nmap if k in bmap]
+    q = 0.5 if quantile is None else quantile
+    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct) for k in nmap if k in bmap]
     for row, k in zip(rows, [k for k in nmap if k in bmap]):
         if vmap and bmap[k]["variant"] != nmap[k]["variant"]:
             row["variant"] = f"{bmap[k]['variant']}->{nmap[k]['variant']}"
@@ -134,18 +141,12 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
         "rows": rows,
         "only_base": [_label(bmap[k]) for k in bmap if k not in nmap],
         "only_new": [_label(nmap[k]) for k in nmap if k not in bmap],
-        "env": environment_diff(base, new, rows) + _wander_lines(wander),
-        "env_sigma": env_sigma,
+        "env": environment_diff(base, new, rows),
+        "quantile": q,
+        "probe_correct": probe_correct,
         "base_run": base["run"].get("id"), "new_run": new["run"].get("id"),
         "min_effect": min_effect,
     }
-
-
-def _wander_lines(wander: tuple[float, float]) -> list[str]:
-    if max(wander) <= 0.01:
-        return []
-    return [f"environment wandered within the runs (probe spread ±{100 * wander[0]:.1f}% base, "
-            f"±{100 * wander[1]:.1f}% new): intervals widened by it, so smaller changes read UNSURE"]
 
 
 def _label(r: Mapping[str, Any]) -> str:
@@ -174,8 +175,11 @@ def environment_diff(base: Mapping[str, Any], new: Mapping[str, Any], rows: list
     if envs:
         g = stats.geomean(envs)
         moved = abs(g - 1) > 0.02
-        out.append(f"environment probe {'moved' if moved else 'steady'}: ×{g:.3f} (geomean over {len(envs)} points)"
-                   + ("; verdicts are corrected for it" if moved else ""))
+        out.append(f"environment probe {'moved' if moved else 'steady'}: ×{g:.3f} (geomean over {len(envs)} points)")
+    wand = [r["wander"] for r in rows if r.get("wander")]
+    if wand and max(wand) > 0.02:
+        out.append(f"timings wandered within the runs (up to ±{100 * max(wand):.1f}% between blocks of one "
+                   "measurement): intervals are widened by it, so changes smaller than that read UNSURE")
     for side, doc in (("base", base), ("new", new)):
         if not doc["run"].get("complete", True):
             out.append(f"{side} run is incomplete (interrupted or crashed): only its finished cases compared")
@@ -202,11 +206,14 @@ def _cell_env(r: Mapping[str, Any]) -> str:
 def render(result: Mapping[str, Any], fmt: str = "text") -> str:
     tablefmt = "github" if fmt == "markdown" else "simple"
     rows = [[r["case"], " ".join(f"{k}={v}" for k, v in r["axes"].items()), r["variant"],
-             fmt_time(r["base_median"]), fmt_time(r["new_median"]), _cell_ratio(r), _cell_env(r), r["label"],
+             fmt_time(r["base_time"]), fmt_time(r["new_time"]), _cell_ratio(r), _cell_env(r), r["label"],
              "; ".join(n for n in r["notes"] if n)] for r in result["rows"]]
-    headers = ["case", "axes", "variant", "base", "new", "new/base [95% CI]", "env", "verdict", "notes"]
-    head = (f"compare {result['base_run']} -> {result['new_run']} (min effect {100 * result['min_effect']:.0f}%; "
-            "ratio corrected by the environment probe where both runs have it)")
+    q = result.get("quantile", 0.5)
+    stat = "median" if q == 0.5 else f"p{100 * q:g}"
+    headers = ["case", "axes", "variant", f"base {stat}", f"new {stat}", "new/base [95% CI]", "env", "verdict", "notes"]
+    head = (f"compare {result['base_run']} -> {result['new_run']}: ratio of the {stat}, min effect "
+            f"{100 * result['min_effect']:.0f}%, interval widened by each record's wander over time"
+            + ("; corrected by the environment probe" if result.get("probe_correct") else ""))
     parts = [f"**{head}**" if fmt == "markdown" else head,
              tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)]
     counts = {}

@@ -79,6 +79,5 @@ def pool(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     samples = list(before["samples_s"]) + list(after["samples_s"])
-    return {**before, "median_s": float(np.median(samples)), "samples_s": samples,
-            "before_median_s": before["median_s"], "after_median_s": after["median_s"],
-            "rel_noise": None}
+    return {**before, "median_s": float(np.median(samples)), "samples_s": samples, "n_before": len(before["samples_s"]),
+            "before_median_s": before["median_s"], "after_median_s": after["median_s"], "rel_noise": None}

@@ -12,6 +12,7 @@ FAILED with its error and the run goes on.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class RunOptions:
     min_effect: float = 0.02
     probe: bool = True
     cache_bytes: int | None = None  # L2 (CUDA) / LLC (CPU) size for flushing
+    repeat: int = 1  # passes over the whole plan; samples pooled per point
     profile_ceilings: Mapping[str, dict] = field(default_factory=dict)  # fallback ceilings
 
 
@@ -186,7 +188,7 @@ class Runner:
                 r = recs[v]
                 r["timing"], r["clocks"], r["probe"] = m.to_dict(), clocks, env_probe
                 self._floor(r)
-            self._vs_baseline(case, recs, measured)
+            self._vs_baseline(case, recs)
         out = [recs[v.name] for v in variants if v.name in recs]
         self._update_ceilings(case, out)
         return out
@@ -211,33 +213,55 @@ class Runner:
                 _free_device_memory(dev)
         return measured
 
-    def _vs_baseline(self, case: Case, recs: dict[str, dict], measured: dict[str, Measurement]) -> None:
-        base = measured.get(case.baseline)
-        if base is None:
+    def _vs_baseline(self, case: Case, recs: dict[str, dict], measured: Any = None) -> None:
+        """Each OK variant's ratio to the baseline, from the (pooled) samples of the records."""
+        base = recs.get(case.baseline)
+        if base is None or base["status"] != "OK" or not base.get("timing"):
             return
-        for name, m in measured.items():
-            if name == case.baseline:
+        bt = base["timing"]
+        for name, r in recs.items():
+            if name == case.baseline or r["status"] != "OK" or not r.get("timing"):
                 continue
+            t = r["timing"]
             if self.opts.interleave:
-                v = stats.compare_paired(base.samples_s, m.samples_s, min_effect=self.opts.min_effect)
+                v = stats.compare_paired(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect)
             else:
-                v = stats.compare_samples(base.samples_s, m.samples_s, min_effect=self.opts.min_effect)
-            recs[name]["vs_baseline"] = v.to_dict()
+                # sequential: the two were timed at different moments, so each one's wander
+                # over time (between passes, or blocks of one pass) widens the interval
+                wander = math.hypot(stats.block_sigma(bt["samples_s"], bt.get("passes")),
+                                    stats.block_sigma(t["samples_s"], t.get("passes")))
+                v = stats.compare_samples(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect,
+                                          env_sigma=wander)
+            r["vs_baseline"] = v.to_dict()
 
     # ------------------------------------------------------------------ the whole plan
 
     def run(self, p: Plan) -> list[dict[str, Any]]:
+        """Run every point; with ``repeat`` R > 1, R passes over the whole plan, each point's
+        samples pooled across passes (so they span the run's duration, not one moment)."""
         for case, point, reason in p.skipped:
             recs = [_record(case, point, v.name, self.opts.device, "SKIPPED", reason=reason) for v in case.variants()
                     if not self.opts.variants or v.name in self.opts.variants]
             self._keep(recs)
-        total = len(p.items)
-        for i, (case, point) in enumerate(p.items, 1):
-            self.progress(f"[{i}/{total}] {case.id} {point_label(point)}")
-            recs = self.run_point(case, point)
-            for r in recs:
-                self.progress("    " + progress_text(r))
-            self._keep(recs)
+        total, passes = len(p.items), max(1, self.opts.repeat)
+        kept: list[list[dict[str, Any]]] = []
+        for k in range(passes):
+            for i, (case, point) in enumerate(p.items):
+                tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
+                self.progress(f"[{i + 1}/{total}]{tag} {case.id} {point_label(point)}")
+                recs = self.run_point(case, point)
+                if k == 0:
+                    kept.append(recs)
+                    self._keep(recs)
+                else:
+                    _merge_pass(kept[i], recs, k)
+                    for r in kept[i]:
+                        if r["status"] == "OK":
+                            self._floor(r)
+                    self._vs_baseline(case, {r["variant"]: r for r in kept[i]})
+                    self._keep([])
+                for r in kept[i]:
+                    self.progress("    " + progress_text(r))
         return self.records
 
     def _keep(self, recs: list[dict[str, Any]]) -> None:
@@ -246,6 +270,27 @@ class Runner:
             self.writer.add(recs)
             self.writer.doc["run"]["ceilings"] = self.ceilings
             self.writer.flush()
+
+
+def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) -> None:
+    """Pool pass ``k``'s records into the first pass's (same variants, same order)."""
+    for o, n in zip(old, new):
+        if o["status"] != "OK":
+            continue
+        if n["status"] != "OK":
+            o.update(status="FAILED", reason=f"pass {k + 1}: {n['reason']}")
+            continue
+        t, nt = o["timing"], n["timing"]
+        t.setdefault("passes", [len(t["samples_s"])]).append(len(nt["samples_s"]))
+        t["samples_s"] = t["samples_s"] + nt["samples_s"]
+        t["summary"] = stats.summarize(t["samples_s"]).to_dict()
+        t["elapsed_s"] += nt["elapsed_s"]
+        t.setdefault("stop_reasons", [t["stop_reason"]]).append(nt["stop_reason"])
+        t["stop_reason"] = nt["stop_reason"] if nt["stop_reason"] != "noise" else t["stop_reason"]
+        if o.get("probe") and n.get("probe"):
+            o["probe"] = {**o["probe"], "samples_s": o["probe"]["samples_s"] + n["probe"]["samples_s"]}
+        if n.get("clocks"):
+            o.setdefault("clocks_passes", []).append(n["clocks"])
 
 
 def progress_text(r: dict[str, Any]) -> str:

