@@ -1,10 +1,13 @@
 """The instrument's own check: the same code path doing 10% more work must read SLOWER.
 
 ``selftest.cpu_work`` runs a fixed amount of small torch CPU work (``reps`` matmuls of a
-[size, size] fp32 block) and a variant that does 10% more of the very same work. Run it
-with ``--interleave`` to see the in-run A/B verdict, or twice and ``compare`` (with
-``--map-variant work=work+10%``) to see the cross-run verdict; ``scripts/aa-study`` runs
-it many times to count false verdicts on this machine.
+[size, size] fp32 block) three ways: ``anchor`` (the baseline, never changed), ``work``
+(the function under test, the same work) and ``work+10%`` (the function under test after
+a change that gives it 10% more of the very same work). Within one run, ``--interleave``
+gives the paired A/B verdict; across two runs, ``compare --map-variant work=work+10%``
+plays "the function got 10% slower" — in absolute time, and with ``--relative`` as a ratio
+to the unchanged anchor. ``scripts/aa-study`` repeats that many times to count false and
+missed verdicts on this machine.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ def work(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, reps: int) -> None:
 class CpuWork(Case):
     """Variant signature: fn(a, b, c) — a, b [size, size] fp32 in, c [size, size] fp32 written (= a @ b)."""
 
+    # the three variants are timed alternately by --interleave; budget per variant and pass
+
     id = "selftest.cpu_work"
     title = "harness self-test: the same CPU work, and 10% more of it"
-    baseline = "work"
+    baseline = "anchor"
 
     def __init__(self, reps: int = BASE_REPS, extra: float = 0.10):
         self.reps = reps
@@ -39,6 +44,8 @@ class CpuWork(Case):
 
     def variants(self) -> Sequence[Variant]:
         return [
+            Variant("anchor", lambda a, b, c: work(a, b, c, self.reps), devices=("cpu",),
+                    doc=f"{self.reps} matmuls: the unchanged baseline"),
             Variant("work", lambda a, b, c: work(a, b, c, self.reps), devices=("cpu",), doc=f"{self.reps} matmuls"),
             Variant("work+10%", lambda a, b, c: work(a, b, c, self.extra_reps), devices=("cpu",),
                     doc=f"{self.extra_reps} matmuls: the same path, 10% more work"),

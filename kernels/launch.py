@@ -20,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from torch import Tensor
+from microbench.kernels.checks import require_runnable
 
 __all__ = ["empty_launch"]
 
@@ -46,19 +47,6 @@ def _empty_kernel(x_ptr):
 # --------------------------------------------------------------------------------------
 
 
-def _runs_here(t: Tensor) -> bool:
-    """Whether the kernel can take ``t``: a CUDA tensor, or any tensor when the kernel was
-    built by Triton's interpreter (TRITON_INTERPRET=1 set before this module was imported).
-    """
-    if t.is_cuda:
-        return True
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # a Triton without an interpreter cannot run on CPU tensors
-        return False
-    return isinstance(_empty_kernel, InterpretedFunction)
-
-
 def empty_launch(x: Tensor) -> None:
     """Launch the empty kernel once, on a grid of one program with one warp.
 
@@ -75,9 +63,5 @@ def empty_launch(x: Tensor) -> None:
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if not _runs_here(x):
-        raise ValueError(
-            f"x: on {x.device}; the kernel needs a CUDA tensor, or TRITON_INTERPRET=1 set "
-            "before triton and this module are imported"
-        )
+    require_runnable(_empty_kernel, x)
     _empty_kernel[(1,)](x, num_warps=1)

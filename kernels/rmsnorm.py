@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from microbench.kernels.checks import check_tensor, require_runnable
 
 __all__ = ["MAX_HIDDEN", "SUPPORTED_DTYPES", "rmsnorm"]
 
@@ -117,34 +118,6 @@ def _fused_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, H, eps, BLOCK: tl.co
 # --------------------------------------------------------------------------------------
 
 
-def _runs_here(kernel: object, t: Tensor) -> bool:
-    """Whether ``kernel`` can read ``t``: a CUDA tensor, or any tensor when the kernel was
-    built by Triton's interpreter (TRITON_INTERPRET=1 set before this module was imported).
-    """
-    if t.is_cuda:
-        return True
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # a Triton without an interpreter cannot run on CPU tensors
-        return False
-    return isinstance(kernel, InterpretedFunction)
-
-
-def _check_like(name: str, t: object, x: Tensor) -> Tensor:
-    """Check that ``t`` is a contiguous tensor with x's shape, dtype and device."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.shape != x.shape:
-        raise ValueError(f"{name}: shape {tuple(t.shape)} does not match x {tuple(x.shape)}")
-    if t.dtype != x.dtype:
-        raise ValueError(f"{name}: dtype {t.dtype} does not match x ({x.dtype})")
-    if t.device != x.device:
-        raise ValueError(f"{name}: on {t.device}, but x is on {x.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous (strides {t.stride()})")
-    return t
-
-
 def _overlap(a: Tensor, b: Tensor) -> bool:
     """Whether the memory spans of two contiguous tensors intersect."""
     a0, b0 = a.data_ptr(), b.data_ptr()
@@ -202,16 +175,7 @@ def rmsnorm(
     if not 1 <= H <= MAX_HIDDEN:
         raise ValueError(f"x: hidden size H={H} outside 1..{MAX_HIDDEN} (one row per block)")
 
-    if not isinstance(weight, Tensor):
-        raise TypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
-    if weight.shape != (H,):
-        raise ValueError(f"weight: expected shape ({H},) to match x, got {tuple(weight.shape)}")
-    if weight.dtype != x.dtype:
-        raise ValueError(f"weight: dtype {weight.dtype} does not match x ({x.dtype})")
-    if weight.device != x.device:
-        raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
-    if not weight.is_contiguous():
-        raise ValueError(f"weight: must be contiguous (strides {weight.stride()})")
+    check_tensor("weight", weight, shape=(H,), like=x)
 
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise ValueError(f"eps: expected a float, got {type(eps).__name__}")
@@ -219,20 +183,16 @@ def rmsnorm(
         raise ValueError(f"eps: must be finite and >= 0, got {eps}")
 
     if residual is not None:
-        _check_like("residual", residual, x)
+        check_tensor("residual", residual, like=x)
     if out is None:
         out = torch.empty_like(x)
     else:
-        _check_like("out", out, x)
+        check_tensor("out", out, like=x)
         if residual is not None and _overlap(out, residual):
             raise ValueError("out: overlaps residual, which would destroy the new residual")
 
     kernel = _rmsnorm_kernel if residual is None else _fused_add_rmsnorm_kernel
-    if not _runs_here(kernel, x):
-        raise ValueError(
-            f"x: on {x.device}; the kernel needs a CUDA tensor, or TRITON_INTERPRET=1 set "
-            "before triton and this module are imported"
-        )
+    require_runnable(kernel, x)
     if T == 0:  # a zero-size grid is not a launch; nothing to write
         return out
 

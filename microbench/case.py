@@ -107,8 +107,16 @@ class Case:
         """A reason when the point is invalid or unsupported on ``device``, else None."""
         return None
 
+    def skip_variant(self, variant: str, point: Point, device: str) -> str | None:
+        """A reason when one variant cannot run at this point (others still do), else None."""
+        return None
+
     def setup(self, point: Point, device: str, seed: int) -> Workload:
         raise NotImplementedError
+
+    def derive(self, records: Sequence[dict[str, Any]]) -> None:
+        """Add case-specific columns to finished records, as ``record["derived"][name] =
+        text`` (e.g. a speed-up, or a time composed from another point); shown by every table."""
 
     def reference(self, workload: Workload) -> Mapping[str, Any]:
         """Expected outputs (fp32), keyed like ``workload.outputs``; empty = nothing to check

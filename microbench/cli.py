@@ -191,7 +191,27 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- env / report / compare
+# --------------------------------------------------------------------------- shapes / env / report / compare
+
+
+def cmd_shapes(a: argparse.Namespace) -> int:
+    """A model config and a parallel layout -> the per-rank shapes every case uses."""
+    from tabulate import tabulate
+
+    from microbench.models import ConfigError, ParallelLayout, load_model, rank_shapes
+
+    try:
+        model = load_model(a.model)
+        shapes = rank_shapes(model, ParallelLayout(tp=a.tp, ep=a.ep))
+    except (ConfigError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    q = model.quant
+    rows = list(shapes.as_dict().items())
+    rows += [("layers (dense + MoE)", f"{model.n_dense_layers} + {model.n_moe_layers}"),
+             ("routed experts", f"{q.routed_experts}" + (f", group {q.group_size}" if q.group_size else "")),
+             ("other weights", q.other)]
+    print(tabulate(rows, headers=["per-rank shape", "value"], tablefmt="simple", disable_numparse=True))
+    return 0
 
 
 def cmd_env(a: argparse.Namespace) -> int:
@@ -230,7 +250,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         mapping[old] = new
     base, new = _load(a.base), _load(a.new)
     result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
-                                  probe_correct=a.probe_correct)
+                                  probe_correct=a.probe_correct, relative=a.relative)
     print(compare.render(result, a.format), end="")
     if a.fail_on == "slower" and any(row["label"] == "SLOWER" for row in result["rows"]):
         return 1
@@ -284,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=["text", "markdown", "csv"], default="text", help="table format")
     r.set_defaults(func=cmd_run)
 
+    sh = sub.add_parser("shapes", help="per-rank shapes of a model config at a parallel layout")
+    sh.add_argument("--model", default="kimi-k2.5", help="a shipped model name or a path to a config.json")
+    sh.add_argument("--tp", type=int, default=8, help="tensor-parallel size (default 8)")
+    sh.add_argument("--ep", type=int, default=1, help="expert-parallel size: 1 or equal to --tp (default 1)")
+    sh.set_defaults(func=cmd_shapes)
+
     e = sub.add_parser("env", help="the environment fingerprint stored in every result file")
     e.add_argument("--device", default="auto")
     e.add_argument("--json", action="store_true", help="print JSON")
@@ -297,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fail-on", choices=["slower"], help="exit 1 when any case is SLOWER")
     c.add_argument("--stat", type=_quantile, metavar="median|pN",
                    help="statistic compared: median (default) or a percentile like p5")
+    c.add_argument("--relative", action="store_true",
+                   help="compare each variant's paired ratio to its baseline (runs made with --interleave): "
+                        "robust to the machine moving between runs")
     c.add_argument("--probe-correct", action="store_true",
                    help="divide each ratio by the environment probe's ratio between the runs")
     c.add_argument("--map-variant", action="append", metavar="BASE=NEW",

@@ -75,8 +75,22 @@ def _reasons(r: Mapping[str, Any]) -> set[str]:
     return set((r.get("clocks") or {}).get("throttle_reasons") or []) - BENIGN_REASONS
 
 
+def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, Any]]) -> tuple[Any, Any] | str:
+    """Per-round ratios of a record to its point's baseline record (an interleaved run),
+    with the pass boundaries; or the reason there are none."""
+    if r["variant"] == r.get("baseline"):
+        return "the baseline itself"
+    base = index.get(record_key({**r, "variant": r.get("baseline")}))
+    if base is None or base["status"] != "OK" or not base.get("timing"):
+        return "no baseline record at this point"
+    if not base["timing"].get("interleaved", False) or len(base["timing"]["samples_s"]) != len(r["timing"]["samples_s"]):
+        return "not an interleaved run (run with --interleave for paired ratios)"
+    ratios = np.asarray(r["timing"]["samples_s"]) / np.asarray(base["timing"]["samples_s"])
+    return list(ratios), r["timing"].get("passes")
+
+
 def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantile: float,
-          probe_correct: bool) -> dict[str, Any]:
+          probe_correct: bool, relative: tuple[Mapping, Mapping] | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"case": n["case"], "axes": n["axes"], "variant": n["variant"],
                            "base_time": None, "new_time": None, "label": "n/a", "notes": []}
     if b["status"] != "OK" or n["status"] != "OK":
@@ -84,12 +98,19 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
         row["notes"].append(n.get("reason") or b.get("reason") or "")
         return row
     bs, ns = b["timing"]["samples_s"], n["timing"]["samples_s"]
+    bpass, npass = b["timing"].get("passes"), n["timing"].get("passes")
     row["base_time"], row["new_time"] = float(np.quantile(bs, quantile)), float(np.quantile(ns, quantile))
     (bv, bp), (nv, np_) = _probe_samples(b), _probe_samples(n)
     probes = bool(bp and np_ and bv == nv)
-    wander = math.hypot(stats.block_sigma(bs, b["timing"].get("passes")),
-                        stats.block_sigma(ns, n["timing"].get("passes")))
-    v = stats.compare_samples(bs, ns, min_effect=min_effect, env_sigma=wander, quantile=quantile,
+    if relative is not None:
+        sb, sn = _relative_series(b, relative[0]), _relative_series(n, relative[1])
+        if isinstance(sb, str) or isinstance(sn, str):
+            row["notes"].append(f"relative: {sb if isinstance(sb, str) else sn}")
+            return row
+        (bs, bpass), (ns, npass) = sb, sn
+        probes = False
+    wander, df = stats.combined_wander(bs, bpass, ns, npass)
+    v = stats.compare_samples(bs, ns, min_effect=min_effect, env_sigma=wander, env_df=df, quantile=quantile,
                               base_probe=bp if probes and probe_correct else None,
                               new_probe=np_ if probes and probe_correct else None)
     env = float(np.median(np_) / np.median(bp)) if probes else None
@@ -113,14 +134,20 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
 
 def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect: float = 0.02,
                  variant_map: Mapping[str, str] | None = None, quantile: float | None = None,
-                 probe_correct: bool = False) -> dict[str, Any]:
+                 probe_correct: bool = False, relative: bool = False) -> dict[str, Any]:
     """Match records and give each pair a verdict; collect the environment differences.
 
     ``quantile``: the statistic compared (default the median). ``probe_correct``: divide
     each ratio by the environment probe's ratio. Off by default: on a shared 2-core CPU
     machine the probe and a case did not move together (over 14 A/A pairs the corrected
     ratio was further from 1 than the raw one in 10), so the probe explains, and the
-    record's own wander over time (:func:`microbench.stats.block_sigma`) widens the interval."""
+    record's own wander over time (:func:`microbench.stats.block_sigma`) widens the interval.
+
+    ``relative``: compare each variant's per-round ratio to its point's baseline variant
+    (runs made with ``--interleave``) instead of its absolute time. Both sides of a round
+    meet the same machine state, so what moves the machine cancels and what is left is the
+    change of this variant relative to an unchanged baseline: on a 2-core machine whose
+    absolute times wandered ±15% between runs, the paired ratio held to about ±0.5%."""
     vmap = dict(variant_map or {})
 
     def key(r: Mapping[str, Any], side: str) -> tuple:
@@ -133,7 +160,8 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
             if r["variant"] in vmap or r["variant"] not in vmap.values()}
     nmap = {key(r, "new"): r for r in new["records"]}
     q = 0.5 if quantile is None else quantile
-    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct) for k in nmap if k in bmap]
+    rel = ({record_key(r): r for r in base["records"]}, {record_key(r): r for r in new["records"]}) if relative else None
+    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel) for k in nmap if k in bmap]
     for row, k in zip(rows, [k for k in nmap if k in bmap]):
         if vmap and bmap[k]["variant"] != nmap[k]["variant"]:
             row["variant"] = f"{bmap[k]['variant']}->{nmap[k]['variant']}"
@@ -144,6 +172,7 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
         "env": environment_diff(base, new, rows),
         "quantile": q,
         "probe_correct": probe_correct,
+        "relative": relative,
         "base_run": base["run"].get("id"), "new_run": new["run"].get("id"),
         "min_effect": min_effect,
     }
@@ -211,7 +240,8 @@ def render(result: Mapping[str, Any], fmt: str = "text") -> str:
     q = result.get("quantile", 0.5)
     stat = "median" if q == 0.5 else f"p{100 * q:g}"
     headers = ["case", "axes", "variant", f"base {stat}", f"new {stat}", "new/base [95% CI]", "env", "verdict", "notes"]
-    head = (f"compare {result['base_run']} -> {result['new_run']}: ratio of the {stat}, min effect "
+    what = f"the {stat} of each variant's per-round ratio to its baseline" if result.get("relative") else f"the {stat}"
+    head = (f"compare {result['base_run']} -> {result['new_run']}: ratio of {what}, min effect "
             f"{100 * result['min_effect']:.0f}%, interval widened by each record's wander over time"
             + ("; corrected by the environment probe" if result.get("probe_correct") else ""))
     parts = [f"**{head}**" if fmt == "markdown" else head,

@@ -99,8 +99,10 @@ def compare(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, 
         rep.error = f"shape {tuple(got.shape)} but the reference has {tuple(want.shape)}"
         return rep
     exact = not (got.is_floating_point() or want.is_floating_point())
-    g = got.detach().to("cpu", torch.float64 if exact else torch.float32)
-    w = want.detach().to("cpu", torch.float64 if exact else torch.float32)
+    # compare where the output lives: a 1 GiB output compared on the host would cost
+    # seconds and several GB of host memory
+    g = got.detach().to(dtype=torch.float64 if exact else torch.float32)
+    w = want.detach().to(device=g.device, dtype=g.dtype)
     if not torch.isfinite(w).all():
         rep.error = "the reference itself has NaN/Inf"
         return rep
@@ -119,7 +121,7 @@ def compare(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, 
         excess = torch.where(finite, diff - bound, torch.full_like(diff, float("inf")))
         flat = int(torch.argmax(excess))
         if rep.mismatched:
-            idx = list(torch.unravel_index(torch.tensor(flat), g.shape)) if g.dim() else []
+            idx = list(torch.unravel_index(torch.tensor(flat), tuple(g.shape))) if g.dim() else []
             rep.worst_index = [int(i) for i in idx]
             rep.worst_got = float(g.reshape(-1)[flat])
             rep.worst_want = float(w.reshape(-1)[flat])

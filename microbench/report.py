@@ -46,7 +46,7 @@ def group_by_case(records: Iterable[dict[str, Any]]) -> "OrderedDict[str, list[d
     return groups
 
 
-def _row(r: dict[str, Any], axes: list[str]) -> list[Any]:
+def _row(r: dict[str, Any], axes: list[str], derived: list[str]) -> list[Any]:
     t = (r.get("timing") or {}).get("summary") or {}
     timing = r.get("timing") or {}
     status = r["status"] if r["status"] == "OK" else f"{r['status']}: {_short(r.get('reason'))}"
@@ -54,7 +54,7 @@ def _row(r: dict[str, Any], axes: list[str]) -> list[Any]:
             _num(100 * t["rel_noise"], ".2f") + "%" if t else "-",
             f"{t['count']} {timing.get('stop_reason', '')}" if t else "-",
             _num(r.get("gbps"), ".1f"), _num(r.get("tflops"), ".2f"), _num(r.get("pct_of_floor"), ".1f"),
-            _verdict_cell(r.get("vs_baseline"))]
+            _verdict_cell(r.get("vs_baseline")), *((r.get("derived") or {}).get(d, "") for d in derived)]
 
 
 def _short(reason: str | None, n: int = 70) -> str:
@@ -109,8 +109,10 @@ def render(doc: dict[str, Any], fmt: str = "text") -> str:
     out.append("\n".join(f"_{line}_" for line in head.splitlines()) if fmt == "markdown" else head)
     for case, recs in group_by_case(doc["records"]).items():
         axes = list(OrderedDict.fromkeys(a for r in recs for a in r["axes"]))
+        derived = list(OrderedDict.fromkeys(d for r in recs for d in (r.get("derived") or {})))
         title = f"### {case}" if fmt == "markdown" else f"== {case} =="
-        table = tabulate([_row(r, axes) for r in recs], headers=axes + HEADERS, tablefmt=tablefmt, disable_numparse=True)
+        table = tabulate([_row(r, axes, derived) for r in recs], headers=axes + HEADERS + derived, tablefmt=tablefmt,
+                         disable_numparse=True)
         out.append(f"{title}\n{table}")
     return "\n\n".join(out) + "\n"
 
@@ -118,7 +120,7 @@ def render(doc: dict[str, Any], fmt: str = "text") -> str:
 CSV_FIELDS = ["case", "axes", "variant", "device", "status", "reason", "median_s", "mean_s", "min_s", "p20_s",
               "p80_s", "rel_noise", "count", "stop_reason", "mode", "bytes", "flops", "gbps", "tflops",
               "pct_of_floor", "floor_source", "vs_baseline_ratio", "vs_baseline_lo", "vs_baseline_hi",
-              "vs_baseline_label"]
+              "vs_baseline_label", "derived"]
 
 
 def render_csv(records: Iterable[dict[str, Any]]) -> str:
@@ -133,5 +135,6 @@ def render_csv(records: Iterable[dict[str, Any]]) -> str:
                     r["status"], r.get("reason") or "", s.get("median"), s.get("mean"), s.get("min"), s.get("p20"),
                     s.get("p80"), s.get("rel_noise"), s.get("count"), t.get("stop_reason"), t.get("mode"),
                     r.get("bytes"), r.get("flops"), r.get("gbps"), r.get("tflops"), r.get("pct_of_floor"),
-                    r.get("floor_source"), vb.get("ratio"), vb.get("lo"), vb.get("hi"), vb.get("label")])
+                    r.get("floor_source"), vb.get("ratio"), vb.get("lo"), vb.get("hi"), vb.get("label"),
+                    "; ".join(f"{k}={v}" for k, v in (r.get("derived") or {}).items())])
     return buf.getvalue()

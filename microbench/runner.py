@@ -12,7 +12,6 @@ FAILED with its error and the run goes on.
 from __future__ import annotations
 
 import functools
-import math
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -72,7 +71,8 @@ def _error_text(e: BaseException) -> str:
 
 
 def _record(case: Case, point: Point, variant: str, device: str, status: str, **kw: Any) -> dict[str, Any]:
-    rec = {"case": case.id, "axes": dict(point), "variant": variant, "device": device, "status": status,
+    rec = {"case": case.id, "axes": dict(point), "variant": variant, "baseline": case.baseline, "device": device,
+           "status": status,
            "reason": None, "correctness": None, "timing": None, "bytes": None, "flops": None,
            "gbps": None, "tflops": None, "floor_s": None, "pct_of_floor": None, "floor_source": None,
            "clocks": None, "probe": None, "vs_baseline": None}
@@ -159,8 +159,9 @@ class Runner:
         ready: list[tuple[Variant, list[Callable[[], Any]]]] = []
         variants = [v for v in case.variants() if not o.variants or v.name in o.variants]
         for v in variants:
-            if not v.runs_on(dev):
-                recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=f"variant does not run on {dev}")
+            why = f"variant does not run on {dev}" if not v.runs_on(dev) else case.skip_variant(v.name, point, dev)
+            if why:
+                recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=why)
                 continue
             try:
                 w = case.setup(point, dev, seed)
@@ -187,6 +188,7 @@ class Runner:
             for v, m in measured.items():
                 r = recs[v]
                 r["timing"], r["clocks"], r["probe"] = m.to_dict(), clocks, env_probe
+                r["timing"]["interleaved"] = o.interleave and len(measured) > 1
                 self._floor(r)
             self._vs_baseline(case, recs)
         out = [recs[v.name] for v in variants if v.name in recs]
@@ -228,10 +230,10 @@ class Runner:
             else:
                 # sequential: the two were timed at different moments, so each one's wander
                 # over time (between passes, or blocks of one pass) widens the interval
-                wander = math.hypot(stats.block_sigma(bt["samples_s"], bt.get("passes")),
-                                    stats.block_sigma(t["samples_s"], t.get("passes")))
+                wander, df = stats.combined_wander(bt["samples_s"], bt.get("passes"), t["samples_s"],
+                                                   t.get("passes"))
                 v = stats.compare_samples(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect,
-                                          env_sigma=wander)
+                                          env_sigma=wander, env_df=df)
             r["vs_baseline"] = v.to_dict()
 
     # ------------------------------------------------------------------ the whole plan
@@ -262,7 +264,20 @@ class Runner:
                     self._keep([])
                 for r in kept[i]:
                     self.progress("    " + progress_text(r))
+        self._derive(p)
         return self.records
+
+    def _derive(self, p: Plan) -> None:
+        by_case: dict[str, list[dict[str, Any]]] = {}
+        for r in self.records:
+            by_case.setdefault(r["case"], []).append(r)
+        for case in {c.id: c for c, _ in p.items}.values():
+            try:
+                case.derive(by_case.get(case.id, []))
+            except Exception as e:  # noqa: BLE001 - a broken derived column must not lose the run
+                self.progress(f"    {case.id}: derived columns failed: {_error_text(e)}")
+        if self.writer is not None:
+            self.writer.flush()
 
     def _keep(self, recs: list[dict[str, Any]]) -> None:
         self.records.extend(recs)

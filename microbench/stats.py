@@ -348,6 +348,7 @@ def compare_samples(
     new_probe: Sequence[float] | None = None,
     env_sigma: float = 0.0,
     quantile: float = 0.5,
+    env_df: int = 0,
 ) -> Verdict:
     """Verdict for two separate (unpaired) runs: ratio = median(new) / median(base).
 
@@ -360,7 +361,9 @@ def compare_samples(
     between the moments two runs measure a point (estimated by the caller from the probe's
     spread within each run). The bootstrap cannot see it; it widens the interval in
     quadrature, so on a machine whose environment wanders 20% a verdict says UNSURE rather
-    than read the wander as code.
+    than read the wander as code. ``env_df``: the degrees of freedom ``env_sigma`` was
+    estimated with (a few blocks or passes: a Student-t quantile, not the normal one, so
+    an underestimated sigma from three passes does not make a verdict).
 
     ``base``/``new``: positive per-call times (any unit, the same for both), any lengths.
     The interval is a percentile bootstrap of the median ratio, each side resampled
@@ -400,7 +403,7 @@ def compare_samples(
         if env is not None:
             boot = boot / (meds[3] / meds[2])
         lo, hi = _interval(boot, confidence)
-        lo, hi = _widen(ratio, lo, hi, env_sigma, confidence)
+        lo, hi = _widen(ratio, lo, hi, env_sigma, confidence, env_df)
     return Verdict(
         label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=raw,
         env_ratio=env, min_effect=float(min_effect), confidence=float(confidence),
@@ -409,11 +412,12 @@ def compare_samples(
     )
 
 
-def _widen(ratio: float, lo: float, hi: float, sigma: float, confidence: float) -> tuple[float, float]:
-    """Add a log-normal uncertainty of ``sigma`` to the interval [lo, hi] in quadrature."""
+def _widen(ratio: float, lo: float, hi: float, sigma: float, confidence: float, df: int = 0) -> tuple[float, float]:
+    """Add a log-normal uncertainty of ``sigma`` (estimated with ``df`` degrees of freedom)
+    to the interval [lo, hi] in quadrature."""
     if not sigma > 0 or not (lo > 0 and math.isfinite(hi)):
         return lo, hi
-    w = NormalDist().inv_cdf(0.5 + confidence / 2.0) * sigma
+    w = t_quantile(0.5 + confidence / 2.0, df) * sigma
     lr = math.log(ratio)
     dl, dh = lr - math.log(lo), math.log(hi) - lr
     return math.exp(lr - math.hypot(dl, w)), math.exp(lr + math.hypot(dh, w))
@@ -433,16 +437,40 @@ def block_sigma(samples: Sequence[float], passes: Sequence[int] | None = None, b
     median lay within 1.3 of these sigmas, while the bootstrap interval alone missed 10.
     0 when there are too few samples for ``blocks`` blocks.
     """
+    return block_wander(samples, passes, blocks, min_per_block)[0]
+
+
+def block_wander(samples: Sequence[float], passes: Sequence[int] | None = None, blocks: int = 5,
+                 min_per_block: int = 6) -> tuple[float, int]:
+    """:func:`block_sigma` and its degrees of freedom (blocks - 1; 0 when not estimated)."""
     x = np.asarray(samples, dtype=np.float64)
     if passes is not None and len(passes) >= 3 and sum(passes) == x.size and min(passes) >= min_per_block:
         edges = np.cumsum([0, *passes])
         meds = np.array([np.median(x[a:b]) for a, b in zip(edges, edges[1:])])
-        return float(np.std(np.log(meds), ddof=1))
+        return float(np.std(np.log(meds), ddof=1)), len(passes) - 1
     m = x.size // blocks
     if m < min_per_block:
-        return 0.0
+        return 0.0, 0
     meds = np.median(x[: m * blocks].reshape(blocks, m), axis=1)
-    return float(np.std(np.log(meds), ddof=1))
+    return float(np.std(np.log(meds), ddof=1)), blocks - 1
+
+
+def combined_wander(a: Sequence[float], a_passes: Sequence[int] | None, b: Sequence[float],
+                    b_passes: Sequence[int] | None) -> tuple[float, int]:
+    """The wander of two measurements together (root sum of squares) and its degrees of freedom."""
+    (sa, da), (sb, db) = block_wander(a, a_passes), block_wander(b, b_passes)
+    return math.hypot(sa, sb), da + db
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (Cornish-Fisher expansion around the normal; within 3% of the
+    exact value from 2 degrees of freedom up, exact in the limit). ``df`` <= 0 = normal."""
+    z = NormalDist().inv_cdf(p)
+    if df <= 0:
+        return z
+    v = float(df)
+    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
 
 
 def env_wander(probe_medians: Sequence[float]) -> float:

@@ -249,7 +249,9 @@ def _batch_for(one_call_s: float, min_sample_s: float) -> int:
 def _cuda_sampler(calls, device, mode, opts, cache_bytes) -> _Sampler:
     import torch
 
-    torch.cuda.set_device(torch.device(device))
+    idx = torch.device(device).index  # "cuda" alone means the current device
+    if idx is not None:
+        torch.cuda.set_device(idx)
     sync = torch.cuda.synchronize
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     notes: list[str] = []

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+#: Where tests run Triton kernels: the GPU when there is one, else the CPU interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 from microbench.case import Case, Cost, Variant, Workload
 from microbench.cases.common import randn
 

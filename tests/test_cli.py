@@ -15,7 +15,7 @@ import microbench.cases as cases_pkg
 from microbench.case import Variant
 from microbench.cli import main
 
-from .helpers import Scaled
+from .helpers import DEVICE, Scaled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--case", "norm.rmsnorm", "--axis", "tokens=1", "--axis", "norm=kv_a", "--budget-s", "0.1"]
@@ -61,9 +61,10 @@ def test_cuda_requested_without_cuda_is_a_clear_error(capsys):
 
 
 def test_run_report_compare_round_trip(tmp_path, capsys):
-    assert main(["run", *QUICK, "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert main(["run", *QUICK, "--device", DEVICE, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "== norm.rmsnorm ==" in out and "triton" in out and "CPU timings" in out
+    assert "== norm.rmsnorm ==" in out and "triton" in out
+    assert ("CPU timings" in out) == (DEVICE == "cpu")
     (path,) = _files(tmp_path)
     doc = json.load(open(path))
     assert doc["run"]["complete"] and {r["status"] for r in doc["records"]} == {"OK"}
@@ -129,3 +130,18 @@ def test_main_job_command_runs_the_smoke_suite_as_a_subprocess(tmp_path):
     assert "== calibration.copy ==" in p.stdout and "== norm.rmsnorm ==" in p.stdout
     assert "points" in p.stderr and "[1/" in p.stderr  # count before the run, progress per point
     assert len(_files(tmp_path)) == 1
+
+
+def test_shapes_of_a_model_and_a_bad_config(tmp_path, capsys):
+    assert main(["shapes", "--model", "kimi-k2.5", "--tp", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "heads_per_rank" in out and "14336" in out and "int4, group 32" in out
+    bad = tmp_path / "config.json"
+    cfg = json.load(open(os.path.join(ROOT, "cases", "models", "deepseek-v3.json")))
+    del cfg["kv_lora_rank"]
+    bad.write_text(json.dumps(cfg))
+    assert main(["shapes", "--model", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "kv_lora_rank" in err and len(err.strip().splitlines()) == 1
+    assert main(["shapes", "--tp", "7"]) == 2
+    assert "tp=7 does not divide num_attention_heads=64" in capsys.readouterr().err

@@ -108,3 +108,39 @@ def test_probe_correction_is_opt_in_and_separates_environment_from_code():
     assert compare.compare_runs(base, new)["rows"][0]["label"] == "SLOWER"
     row = compare.compare_runs(base, new, probe_correct=True)["rows"][0]
     assert row["label"] == "SAME" and "moved with it" in row["explain"]
+
+
+def _interleaved_doc(rng, factors, n=600):
+    """One interleaved run: every round's machine state hits all variants of the round alike
+    (state: a factor that jumps between blocks of rounds, like a co-tenant coming and going)."""
+    state = np.repeat(rng.choice([1.0, 1.4, 1.8], size=n // 50), 50)
+    recs = []
+    for v, f in factors.items():
+        s = list(T0 * f * state * rng.lognormal(0.0, 0.01, n))
+        recs.append({"case": "c", "axes": {"size": 64}, "variant": v, "baseline": "anchor", "status": "OK",
+                     "timing": {"samples_s": s, "mode": "hot", "interleaved": True,
+                                "summary": stats.summarize(s).to_dict()}})
+    return {"schema": "microbench.result", "schema_version": 1, "run": {"id": "r", "device": "cpu", "complete": True},
+            "fingerprint": {}, "records": recs}
+
+
+def test_relative_compare_sees_ten_percent_through_a_machine_that_moves():
+    rng = np.random.default_rng(7)
+    base = _interleaved_doc(rng, {"anchor": 1.0, "work": 1.0})
+    slower = _interleaved_doc(rng, {"anchor": 1.0, "work": 1.1})
+    same = _interleaved_doc(rng, {"anchor": 1.0, "work": 1.0})
+    absolute = compare.compare_runs(base, slower)["rows"][1]
+    assert absolute["label"] == "UNSURE"  # the states swamp 10% in absolute time
+    rel = compare.compare_runs(base, slower, relative=True)["rows"]
+    assert rel[0]["label"] == "n/a" and "baseline itself" in rel[0]["notes"][0]
+    assert rel[1]["label"] == "SLOWER" and abs(rel[1]["ratio"] - 1.1) < 0.01
+    assert compare.compare_runs(base, same, relative=True)["rows"][1]["label"] == "SAME"
+
+
+def test_relative_compare_needs_interleaved_runs():
+    rng = np.random.default_rng(8)
+    d = _doc({"anchor": _samples(rng), "work": _samples(rng)})
+    for r in d["records"]:
+        r["baseline"] = "anchor"
+    row = compare.compare_runs(d, copy.deepcopy(d), relative=True)["rows"][1]
+    assert row["label"] == "n/a" and "--interleave" in row["notes"][0]
