@@ -19,10 +19,11 @@ SUITES: dict[str, str] = {
 def all_cases() -> list[Case]:
     """Every shipped case, calibration first."""
     from microbench.cases.calibration import CopyBandwidth, LaunchFloor, MatmulRate
+    from microbench.cases.mla import MLAVerifyCase
     from microbench.cases.rmsnorm import RMSNormCase
     from microbench.cases.selftest import CpuWork
 
-    cases: list[Case] = [CopyBandwidth(), MatmulRate(), LaunchFloor(), RMSNormCase(), CpuWork()]
+    cases: list[Case] = [CopyBandwidth(), MatmulRate(), LaunchFloor(), RMSNormCase(), MLAVerifyCase(), CpuWork()]
     return sorted(cases, key=lambda c: (c.order, c.id))
 
 

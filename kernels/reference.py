@@ -13,6 +13,8 @@ Contents
 --------
 - :func:`rmsnorm_ref`, :func:`rmsnorm_cost` — RMSNorm, optionally fused with the
   residual add (DeepSeek-V3 decoder layers run ``fused_add_rmsnorm`` twice per layer).
+- :func:`mla_attention_ref` — absorbed-MLA attention over a paged latent cache with a
+  causal or tree mask among the new tokens (its cost: ``mla_common.mla_cost``).
 """
 
 from __future__ import annotations
@@ -111,3 +113,48 @@ def rmsnorm_cost(T: int, H: int, elem_bytes: int, fused_residual: bool) -> tuple
         writes += rows  # new residual, written back in place
         flops += rows  # x + residual
     return (reads + writes) * elem_bytes, flops
+
+
+# --------------------------------------------------------------------------- MLA attention
+
+
+def mla_attention_ref(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan) -> Tensor:
+    """Absorbed-MLA attention over a paged latent cache, in fp32 (the one reference of the
+    extend, decode and verify kernels; layout and plan in ``microbench.kernels.mla_common``).
+
+    q [T, H, 576], kv_new [T, 576], kv_cache [num_pages, page_size, 576] -> out [T, H, 512]
+    fp32. Request b's keys are its prefix (the pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
+    in that order, the first ``prefix_lens[b]`` tokens of them) followed by its new tokens'
+    latents; values are the keys' first 512 channels. Logits = q.k * sm_scale, soft-capped
+    as cap * tanh(logits / cap) when ``logit_cap`` > 0; every new token sees the whole
+    prefix and the new tokens its mask allows (causal, or the plan's tree mask).
+
+    Bytes (the floor): prefix x 576 + T x 576 + T x H x (576 + 512) elements, plus the page
+    indices; FLOPs: 2 x T x H x L x (576 + 512), L = prefix + q_len of each request (see
+    ``mla_cost``).
+    """
+    from microbench.kernels.mla_common import KV_LORA_RANK
+
+    qo = plan.qo_indptr.tolist()
+    kv = plan.kv_indptr.tolist()
+    pages = plan.kv_indices.to(torch.long)
+    mask_flat = plan.tree_mask.cpu() if plan.tree_mask is not None else None
+    out = torch.empty(q.shape[0], q.shape[1], KV_LORA_RANK, dtype=torch.float32, device=q.device)
+    moff = 0
+    for b, (n_q, n_p) in enumerate(zip(plan.q_lens, plan.prefix_lens_host)):
+        prefix = kv_cache[pages[kv[b]:kv[b + 1]]].reshape(-1, kv_cache.shape[-1])[:n_p]
+        keys = torch.cat([prefix, kv_new[qo[b]:qo[b + 1]]]).float()  # [L, 576]
+        qb = q[qo[b]:qo[b + 1]].float()  # [q, H, 576]
+        logits = torch.einsum("qhd,ld->qhl", qb, keys) * plan.sm_scale
+        if plan.logit_cap > 0:
+            logits = plan.logit_cap * torch.tanh(logits / plan.logit_cap)
+        if mask_flat is not None:
+            new_mask = mask_flat[moff:moff + n_q * n_q].view(n_q, n_q)
+            moff += n_q * n_q
+        else:
+            new_mask = torch.ones(n_q, n_q, dtype=torch.bool).tril()
+        visible = torch.cat([torch.ones(n_q, n_p, dtype=torch.bool), new_mask], dim=1).to(q.device)  # [q, L]
+        logits = logits.masked_fill(~visible[:, None, :], float("-inf"))
+        p = torch.softmax(logits, dim=-1)
+        out[qo[b]:qo[b + 1]] = torch.einsum("qhl,ld->qhd", p, keys[:, :KV_LORA_RANK])
+    return out

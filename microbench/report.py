@@ -29,6 +29,20 @@ def fmt_time(s: float | None) -> str:
     return f"{s / 1e-9:.1f} ns"
 
 
+def sig(x: float | None) -> str:
+    """Three significant digits, without exponent for the ranges tables show."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    a = abs(x)
+    if a >= 100 or a == 0:
+        return f"{x:.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    if a >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
 def _num(x: float | None, spec: str) -> str:
     return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
@@ -46,14 +60,19 @@ def group_by_case(records: Iterable[dict[str, Any]]) -> "OrderedDict[str, list[d
     return groups
 
 
-def _row(r: dict[str, Any], axes: list[str], derived: list[str]) -> list[Any]:
+def _row(r: dict[str, Any], axes: list[str], derived: list[str], notes: list[str]) -> list[Any]:
     t = (r.get("timing") or {}).get("summary") or {}
     timing = r.get("timing") or {}
-    status = r["status"] if r["status"] == "OK" else f"{r['status']}: {_short(r.get('reason'))}"
+    status = r["status"]
+    if r["status"] != "OK":  # the reason goes under the table, numbered, once per distinct reason
+        reason = _short(r.get("reason"), 160)
+        if reason not in notes:
+            notes.append(reason)
+        status = f"{r['status']} [{notes.index(reason) + 1}]"
     return [*(r["axes"].get(a, "") for a in axes), r["variant"], status, fmt_time(t.get("median")),
             _num(100 * t["rel_noise"], ".2f") + "%" if t else "-",
             f"{t['count']} {timing.get('stop_reason', '')}" if t else "-",
-            _num(r.get("gbps"), ".1f"), _num(r.get("tflops"), ".2f"), _num(r.get("pct_of_floor"), ".1f"),
+            sig(r.get("gbps")), sig(r.get("tflops")), sig(r.get("pct_of_floor")),
             _verdict_cell(r.get("vs_baseline")), *((r.get("derived") or {}).get(d, "") for d in derived)]
 
 
@@ -111,9 +130,11 @@ def render(doc: dict[str, Any], fmt: str = "text") -> str:
         axes = list(OrderedDict.fromkeys(a for r in recs for a in r["axes"]))
         derived = list(OrderedDict.fromkeys(d for r in recs for d in (r.get("derived") or {})))
         title = f"### {case}" if fmt == "markdown" else f"== {case} =="
-        table = tabulate([_row(r, axes, derived) for r in recs], headers=axes + HEADERS + derived, tablefmt=tablefmt,
-                         disable_numparse=True)
-        out.append(f"{title}\n{table}")
+        notes: list[str] = []
+        rows = [_row(r, axes, derived, notes) for r in recs]
+        table = tabulate(rows, headers=axes + HEADERS + derived, tablefmt=tablefmt, disable_numparse=True)
+        foot = "".join(f"\n[{i}] {n}" + ("  " if fmt == "markdown" else "") for i, n in enumerate(notes, 1))
+        out.append(f"{title}\n{table}{foot}")
     return "\n\n".join(out) + "\n"
 
 

@@ -17,7 +17,7 @@ def _params():
             if case.skip(point, DEVICE):
                 continue
             for v in case.variants():
-                if v.runs_on(DEVICE):
+                if v.runs_on(DEVICE) and not case.skip_variant(v.name, point, DEVICE):
                     out.append(pytest.param(case, point, v.name, id=f"{case.id}[{point_label(point)}]-{v.name}"))
     return out
 

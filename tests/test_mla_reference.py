@@ -1,0 +1,97 @@
+"""The MLA reference and plan: checked against plain attention, layout-independent, and
+every bad input named before any launch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from microbench.cases.mla_inputs import make_mla_inputs, random_tree_mask
+from microbench.kernels.mla_common import MAX_Q_LEN, check_mla_tensors, mla_cost, pack_tree_masks, plan_mla
+from microbench.kernels.reference import mla_attention_ref
+
+
+def _dense(q, keys, sm_scale, mask):
+    """Plain attention for one request: q [n, H, D], keys [L, D], mask [n, L]."""
+    logits = torch.einsum("qhd,ld->qhl", q.double(), keys.double()) * sm_scale
+    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+    return torch.einsum("qhl,ld->qhd", torch.softmax(logits, -1), keys[:, :512].double())
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("tree", [False, True])
+def test_reference_matches_plain_attention_on_gathered_keys(page_size, tree):
+    x = make_mla_inputs([1, 3, 7], [1, 63, 65], heads=2, page_size=page_size, dtype=torch.float32, device="cpu",
+                        seed=3, tree=tree)
+    out = mla_attention_ref(x.q, x.kv_new, x.kv_cache, x.plan)
+    p, qo, kv = x.plan, x.plan.qo_indptr.tolist(), x.plan.kv_indptr.tolist()
+    moff = 0
+    for b, (n, pre) in enumerate(zip(p.q_lens, p.prefix_lens_host)):
+        pages = p.kv_indices[kv[b]:kv[b + 1]].long()
+        keys = torch.cat([x.kv_cache[pages].reshape(-1, 576)[:pre], x.kv_new[qo[b]:qo[b + 1]]])
+        new = p.tree_mask[moff:moff + n * n].view(n, n) if tree else torch.ones(n, n, dtype=torch.bool).tril()
+        moff += n * n
+        mask = torch.cat([torch.ones(n, pre, dtype=torch.bool), new], 1)
+        want = _dense(x.q[qo[b]:qo[b + 1]], keys, p.sm_scale, mask)
+        torch.testing.assert_close(out[qo[b]:qo[b + 1]].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_soft_cap_bounds_the_logits():
+    x = make_mla_inputs([2], [5], heads=1, page_size=1, dtype=torch.float32, device="cpu", seed=4, logit_cap=0.5)
+    capped = mla_attention_ref(x.q * 100, x.kv_new, x.kv_cache, x.plan)
+    # with |logit| <= 0.5 the weights are within e^1 of uniform: the output is near the mean value
+    assert capped.abs().max() < x.kv_cache.abs().max() * 1.01 + x.kv_new.abs().max()
+
+
+def test_tree_rows_that_see_only_themselves():
+    g = torch.Generator().manual_seed(0)
+    m = random_tree_mask(5, g, self_only=(4,))
+    assert m[4].tolist() == [False, False, False, False, True]
+    assert m.diagonal().all() and m[1, 0]  # everyone sees itself; token 1's parent is 0
+
+
+def _plan_args(**over):
+    args = dict(qo_indptr=torch.tensor([0, 2, 5], dtype=torch.int32), kv_indptr=torch.tensor([0, 1, 3], dtype=torch.int32),
+                kv_indices=torch.tensor([4, 0, 2], dtype=torch.int32), prefix_lens=torch.tensor([3, 70], dtype=torch.int32),
+                page_size=64, num_pages=5, sm_scale=0.1)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"kv_indices": torch.tensor([4, 0, 5], dtype=torch.int32)}, "kv_indices: page 5 out of range"),
+    ({"kv_indptr": torch.tensor([0, 2, 1], dtype=torch.int32)}, "kv_indptr: not monotone"),
+    ({"qo_indptr": torch.tensor([0, 2, 1], dtype=torch.int32)}, "qo_indptr: not monotone"),
+    ({"qo_indptr": torch.tensor([0, 2, 2 + MAX_Q_LEN + 1], dtype=torch.int32)}, "over the supported maximum"),
+    ({"prefix_lens": torch.tensor([3, 200], dtype=torch.int32)}, "prefix_lens: request 1"),
+    ({"tree_mask": torch.ones(12, dtype=torch.bool)}, "tree_mask: 12 entries"),
+    ({"tree_mask": torch.zeros(13, dtype=torch.bool)}, "does not see itself"),
+    ({"kv_indices": torch.tensor([4.0, 0, 2])}, "kv_indices: expected a 1-D int32"),
+])
+def test_bad_plans_name_the_argument(over, message):
+    with pytest.raises(ValueError, match=message):
+        plan_mla(**_plan_args(**over))
+
+
+def test_bad_tensors_name_the_argument():
+    x = make_mla_inputs([2, 3], [3, 70], heads=4, page_size=64, dtype=torch.float16, device="cpu", seed=5)
+    with pytest.raises(ValueError, match="q: expected"):
+        check_mla_tensors(x.q[:4], x.kv_new, x.kv_cache, x.plan, None)
+    with pytest.raises(ValueError, match="kv_new: dtype"):
+        check_mla_tensors(x.q, x.kv_new.float(), x.kv_cache, x.plan, None)
+    with pytest.raises(ValueError, match="kv_cache: expected"):
+        check_mla_tensors(x.q, x.kv_new, x.kv_cache[:1], x.plan, None)
+    with pytest.raises(ValueError, match="out: expected"):
+        check_mla_tensors(x.q, x.kv_new, x.kv_cache, x.plan, torch.empty(5, 4, 576, dtype=torch.float16))
+    assert check_mla_tensors(x.q, x.kv_new, x.kv_cache, x.plan, None).shape == (5, 4, 512)
+
+
+def test_cost_counts_the_cache_once_and_every_head_pair():
+    x = make_mla_inputs([4], [1000], heads=8, page_size=64, dtype=torch.bfloat16, device="cpu", seed=6)
+    nbytes, flops = mla_cost(x.plan, 8, 2)
+    assert nbytes >= 2 * 1000 * 576 and nbytes < 2 * 1000 * 576 * 1.1
+    assert flops == 2 * 4 * 8 * 1004 * (576 + 512)
+    assert pack_tree_masks([torch.ones(2, 2, dtype=torch.bool)]).shape == (4,)
+    assert math.isclose(x.plan.sm_scale, 1 / math.sqrt(192))
