@@ -26,6 +26,7 @@ synchronises. Request ``b``:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -39,6 +40,8 @@ MAX_Q_LEN = 16
 KV_LORA_RANK = 512
 ROPE_DIM = 64
 HEAD_DIM = KV_LORA_RANK + ROPE_DIM
+#: SM count used off the GPU (the interpreter), so split rules run as on an H200 (132 SMs).
+CPU_SM_STAND_IN = 132
 
 
 @dataclass(frozen=True)
@@ -206,3 +209,15 @@ def mla_cost(plan: MLAPlan, num_heads: int, elem_bytes: int) -> tuple[int, int]:
     nbytes += 4 * (len(plan.kv_indices) + 3 * (plan.batch + 1))
     flops = sum(2 * q * h * (p + q) * (HEAD_DIM + KV_LORA_RANK) for q, p in zip(plan.q_lens, plan.prefix_lens_host))
     return int(nbytes), int(flops)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of ``device`` (cached per device) for the split rules; :data:`CPU_SM_STAND_IN` off the GPU."""
+    if device.type != "cuda":
+        return CPU_SM_STAND_IN
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())

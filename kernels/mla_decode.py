@@ -36,7 +36,6 @@ The semantics are ``reference.mla_attention_ref`` restricted to q_len 1; the lau
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -44,7 +43,7 @@ import triton.language as tl
 from torch import Tensor
 
 from microbench.kernels.checks import require_runnable
-from microbench.kernels.mla_common import KV_LORA_RANK, ROPE_DIM, MLAPlan, check_mla_tensors
+from microbench.kernels.mla_common import KV_LORA_RANK, ROPE_DIM, MLAPlan, check_mla_tensors, sm_count
 
 __all__ = ["BLOCK_H", "MAX_SPLITS", "MIN_SPLIT_KEYS", "decode_num_splits", "mla_decode"]
 
@@ -76,7 +75,6 @@ MAX_SPLITS = 64
 #: Splits the merge weights per step: an [8, 512] fp32 chunk is 32 registers a thread at 4 warps.
 _MERGE_CHUNK = 8
 #: Stand-in SM count off the GPU (an H200's), so the interpreter path runs the same rule.
-_CPU_SM_COUNT = 132
 #: 4 warps for both stages: stage 1's tile is [16, 512] (one 16-row MMA slab per warp column),
 #: stage 2 a 512-wide vector; 2 stages double-buffer stage 1's K/V loads (as SGLang does).
 _NUM_WARPS = 4
@@ -223,18 +221,6 @@ def _mla_decode_stage2_kernel(
 # --------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    """SMs of ``device`` (cached per device); a fixed H200-like stand-in off the GPU."""
-    if device.type != "cuda":
-        return _CPU_SM_COUNT
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def decode_num_splits(plan: MLAPlan, heads: int, sm_count: int) -> int:
     """The split count the launcher uses when none is forced (host ints only, no sync).
 
@@ -292,7 +278,7 @@ def mla_decode(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, ou
     if heads < 1:
         raise ValueError(f"q: needs at least one head, got shape {tuple(q.shape)}")
     if num_splits is None:
-        num_splits = decode_num_splits(plan, heads, _sm_count(q.device))
+        num_splits = decode_num_splits(plan, heads, sm_count(q.device))
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits: expected an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     require_runnable(_mla_decode_stage1_kernel, q, "q")

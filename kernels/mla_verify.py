@@ -38,7 +38,6 @@ and writes ``out`` in q.dtype. Split count: :func:`verify_num_splits`.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -47,7 +46,8 @@ import triton.language as tl
 from torch import Tensor
 
 from microbench.kernels.checks import require_runnable
-from microbench.kernels.mla_common import HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, ROPE_DIM, MLAPlan, check_mla_tensors
+from microbench.kernels.mla_common import (HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, ROPE_DIM, MLAPlan, check_mla_tensors,
+                                           sm_count)
 
 __all__ = ["MAX_BLOCK_M", "MAX_SPLITS", "VerifyTile", "mla_verify", "verify_num_splits", "verify_tile"]
 
@@ -82,8 +82,6 @@ MIN_SPLIT_KEYS = 128
 MIN_KEYS_PER_ROW = 8
 #: Stage 2 loops over the splits; flash-decoding implementations cap them at 128 too.
 MAX_SPLITS = 128
-#: SM count used on the CPU (interpreter) so the split rule is exercised as on an H200.
-CPU_SM_STAND_IN = 132
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 assert all(n >= MAX_Q_LEN for n, _ in TILE_CONFIG.values()), "new-token keys must fit one key block"
@@ -128,13 +126,6 @@ def verify_num_splits(plan: MLAPlan, heads: int, sm_count: int) -> int:
     min_len = max(MIN_SPLIT_KEYS, MIN_KEYS_PER_ROW * plan.max_q_len * tile.heads_per_group)
     by_len = (plan.max_prefix + plan.max_q_len) // min_len
     return max(1, min(fill, by_len, MAX_SPLITS))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_SM_STAND_IN
 
 
 # -------------------------------------------------------------------------------- kernels
@@ -296,7 +287,7 @@ def mla_verify(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, ou
     require_runnable(_mla_verify_split_kernel, q, "q")
     tile = verify_tile(plan.max_q_len, heads)
     if num_splits is None:
-        num_splits = verify_num_splits(plan, heads, _sm_count(q.device))
+        num_splits = verify_num_splits(plan, heads, sm_count(q.device))
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
 
