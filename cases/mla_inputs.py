@@ -55,7 +55,7 @@ def make_mla_inputs(
     """Seeded random q, new latents, a shuffled paged cache and its plan.
 
     ``sm_scale`` is 1/sqrt(192) as DeepSeek-V3 uses (qk_nope 128 + rope 64 before
-    absorption); values are drawn on the CPU so a seed gives the same inputs on any device.
+    absorption); the layout is drawn on the CPU, the values on ``device``.
     """
     if len(q_lens) != len(prefix_lens):
         raise ValueError("q_lens and prefix_lens must have one entry per request")
@@ -67,7 +67,9 @@ def make_mla_inputs(
     kv_indptr = torch.tensor([0, *torch.tensor(pages_per).cumsum(0).tolist()], dtype=torch.int32)
     qo_indptr = torch.tensor([0, *torch.tensor(list(q_lens)).cumsum(0).tolist()], dtype=torch.int32)
     t = sum(q_lens)
-    rnd = lambda *shape: torch.randn(*shape, generator=g).to(device=device, dtype=dtype)  # noqa: E731
+    # values on the device itself: a 16 x 64K-token cache is ~1e9 normals
+    gd = g if torch.device(device).type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, generator=gd, device=device).to(dtype)  # noqa: E731
     q, kv_new = rnd(t, heads, HEAD_DIM), rnd(t, HEAD_DIM)
     kv_cache = rnd(num_pages, page_size, HEAD_DIM)
     mask = None

@@ -19,6 +19,11 @@ if not HAS_CUDA:
     torch.set_num_threads(1)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--mb-budget-s", type=float, default=1.0,
+                     help="microbench benches: time budget per bench in seconds (default 1.0)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_CUDA:
         return

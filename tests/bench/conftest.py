@@ -21,11 +21,15 @@ def cache_bytes() -> int | None:
 
 
 @pytest.fixture
-def mb_bench(benchmark, cache_bytes):
+def mb_bench(benchmark, cache_bytes, request):
     """``mb_bench(case, point, variant)``: gate, then time through the engine into ``benchmark``."""
     from microbench.bench import bench_case
+    from microbench.timing import TimingOptions
+
+    budget = request.config.getoption("--mb-budget-s")
 
     def run(case, point, variant):
-        return bench_case(benchmark, case, point, variant, device=DEVICE, cache_bytes=cache_bytes)
+        opts = TimingOptions(mode=case.timing_mode, budget_s=budget)
+        return bench_case(benchmark, case, point, variant, device=DEVICE, cache_bytes=cache_bytes, options=opts)
 
     return run
