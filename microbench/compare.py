@@ -90,7 +90,10 @@ def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, An
 
 
 def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantile: float,
-          probe_correct: bool, relative: tuple[Mapping, Mapping] | None = None) -> dict[str, Any]:
+          probe_correct: bool, relative: tuple[Mapping, Mapping] | None = None,
+          pooled: tuple[float, int] | None = None) -> dict[str, Any]:
+    """One matched pair's row. ``pooled``: the run's typical wander, used when this
+    record's own could not be estimated (too few samples for two blocks)."""
     row: dict[str, Any] = {"case": n["case"], "axes": n["axes"], "variant": n["variant"],
                            "base_time": None, "new_time": None, "label": "n/a", "notes": []}
     if b["status"] != "OK" or n["status"] != "OK":
@@ -110,12 +113,18 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
         (bs, bpass), (ns, npass) = sb, sn
         probes = False
     wander, df = stats.combined_wander(bs, bpass, ns, npass)
+    own_df = df
+    if df == 0 and pooled is not None:
+        wander, df = pooled
+        row["notes"].append(f"too few samples to see its own wander: the run's typical ±{100 * wander:.1f}% used")
+    env = float(np.median(np_) / np.median(bp)) if probes else None
+    # an uncorrected probe move bounds what the machine alone could have done to this case
+    shift = abs(math.log(env)) if env and not probe_correct else 0.0
     v = stats.compare_samples(bs, ns, min_effect=min_effect, env_sigma=wander, env_df=df, quantile=quantile,
                               base_probe=bp if probes and probe_correct else None,
-                              new_probe=np_ if probes and probe_correct else None)
-    env = float(np.median(np_) / np.median(bp)) if probes else None
+                              new_probe=np_ if probes and probe_correct else None, env_shift=shift)
     row.update(label=v.label, ratio=v.ratio, lo=v.lo, hi=v.hi, raw_ratio=v.raw_ratio, env_ratio=env,
-               wander=wander, explain=v.explain())
+               wander=wander, wander_df=own_df, explain=v.explain())
     if wander > min_effect:
         row["notes"].append(f"wandered ±{100 * wander:.1f}% within a run")
     if env is not None and abs(env - 1) > min_effect and not probe_correct:
@@ -140,8 +149,11 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     ``quantile``: the statistic compared (default the median). ``probe_correct``: divide
     each ratio by the environment probe's ratio. Off by default: on a shared 2-core CPU
     machine the probe and a case did not move together (over 14 A/A pairs the corrected
-    ratio was further from 1 than the raw one in 10), so the probe explains, and the
-    record's own wander over time (:func:`microbench.stats.block_sigma`) widens the interval.
+    ratio was further from 1 than the raw one in 10), so the probe explains, and two
+    things widen the interval: the record's own wander over time
+    (:func:`microbench.stats.block_sigma`; for a record too short to estimate it, the
+    median wander of the run's other records), and the probe's move between the runs (a
+    case is not corrected by it, but a change no larger than it is not called code).
 
     ``relative``: compare each variant's per-round ratio to its point's baseline variant
     (runs made with ``--interleave``) instead of its absolute time. Both sides of a round
@@ -161,8 +173,15 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     nmap = {key(r, "new"): r for r in new["records"]}
     q = 0.5 if quantile is None else quantile
     rel = ({record_key(r): r for r in base["records"]}, {record_key(r): r for r in new["records"]}) if relative else None
-    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel) for k in nmap if k in bmap]
-    for row, k in zip(rows, [k for k in nmap if k in bmap]):
+    keys = [k for k in nmap if k in bmap]
+    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel) for k in keys]
+    # a record too short to show its own wander borrows the run's typical one
+    seen = [(r["wander"], r["wander_df"]) for r in rows if r.get("wander_df")]
+    if seen:
+        pooled = (float(np.median([w for w, _ in seen])), int(min(d for _, d in seen)))
+        rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel, pooled)
+                if r.get("wander_df") == 0 else r for r, k in zip(rows, keys)]
+    for row, k in zip(rows, keys):
         if vmap and bmap[k]["variant"] != nmap[k]["variant"]:
             row["variant"] = f"{bmap[k]['variant']}->{nmap[k]['variant']}"
     return {

@@ -240,6 +240,8 @@ class Verdict:
     n_new: int
     #: Log-space sigma of between-run environment wander folded into [lo, hi] (0 = none).
     env_sigma: float = 0.0
+    #: Log-space environment move between the runs that stretched [lo, hi] (0 = none).
+    env_shift: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (``hi`` may be ``inf`` for too few samples)."""
@@ -349,6 +351,7 @@ def compare_samples(
     env_sigma: float = 0.0,
     quantile: float = 0.5,
     env_df: int = 0,
+    env_shift: float = 0.0,
 ) -> Verdict:
     """Verdict for two separate (unpaired) runs: ratio = median(new) / median(base).
 
@@ -364,6 +367,11 @@ def compare_samples(
     than read the wander as code. ``env_df``: the degrees of freedom ``env_sigma`` was
     estimated with (a few blocks or passes: a Student-t quantile, not the normal one, so
     an underestimated sigma from three passes does not make a verdict).
+
+    ``env_shift``: how far (log-space, >= 0) the environment measurably moved between the
+    two runs — the probe's ratio when it is not divided out. Not a correction (a case does
+    not move exactly with the probe) but a bound: the interval is stretched by it on both
+    sides, so a change no larger than the machine's own move is never called code.
 
     ``base``/``new``: positive per-call times (any unit, the same for both), any lengths.
     The interval is a percentile bootstrap of the median ratio, each side resampled
@@ -404,11 +412,13 @@ def compare_samples(
             boot = boot / (meds[3] / meds[2])
         lo, hi = _interval(boot, confidence)
         lo, hi = _widen(ratio, lo, hi, env_sigma, confidence, env_df)
+        if env_shift > 0:
+            lo, hi = lo * math.exp(-env_shift), hi * math.exp(env_shift)
     return Verdict(
         label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=raw,
         env_ratio=env, min_effect=float(min_effect), confidence=float(confidence),
         method="bootstrap-median" if quantile == 0.5 else f"bootstrap-p{100 * quantile:g}", n_base=int(b.size),
-        n_new=int(n.size), env_sigma=float(env_sigma),
+        n_new=int(n.size), env_sigma=float(env_sigma), env_shift=float(env_shift),
     )
 
 

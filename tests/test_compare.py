@@ -105,9 +105,43 @@ def test_probe_correction_is_opt_in_and_separates_environment_from_code():
     pa = {"version": 2, "samples_s": _samples(rng, n=200)}
     pb = {"version": 2, "samples_s": _samples(rng, n=200, scale=1.18 * T0)}
     base, new = _doc({"k": _samples(rng)}, probe=pa), _doc({"k": _samples(rng, scale=1.18 * T0)}, probe=pb)
-    assert compare.compare_runs(base, new)["rows"][0]["label"] == "SLOWER"
+    plain = compare.compare_runs(base, new)["rows"][0]
+    assert plain["label"] == "UNSURE" and "moved with it" in "; ".join(plain["notes"])
     row = compare.compare_runs(base, new, probe_correct=True)["rows"][0]
     assert row["label"] == "SAME" and "moved with it" in row["explain"]
+
+
+def test_a_change_no_larger_than_the_environment_move_is_not_called_code():
+    """12% slower reads SLOWER on a steady machine, UNSURE when the probe itself moved 15%;
+    a change well past the move is still seen."""
+    rng = np.random.default_rng(11)
+    steady = {"version": 2, "samples_s": _samples(rng, n=200)}
+    moved = {"version": 2, "samples_s": _samples(rng, n=200, scale=1.15 * T0)}
+    base = _doc({"k": _samples(rng)}, probe=steady)
+    assert compare.compare_runs(base, _doc({"k": _samples(rng, scale=1.12 * T0)}, probe=steady))["rows"][0]["label"] == "SLOWER"
+    row = compare.compare_runs(base, _doc({"k": _samples(rng, scale=1.12 * T0)}, probe=moved))["rows"][0]
+    assert row["label"] == "UNSURE" and row["hi"] > 1.12 * 1.14 and row["lo"] < 1.12 / 1.14
+    far = compare.compare_runs(base, _doc({"k": _samples(rng, scale=1.6 * T0)}, probe=moved))["rows"][0]
+    assert far["label"] == "SLOWER"
+
+
+def test_a_record_too_short_for_its_own_wander_borrows_the_runs():
+    """Ten samples cannot show wander (one block); the run's other records wandered ±10%,
+    so a 10% move in the short record is not a verdict — yet it would be on its own."""
+    rng = np.random.default_rng(12)
+
+    def run(short_scale):
+        long_ = np.array(_samples(rng, n=400, sigma=0.01))
+        long_[200:] *= rng.choice([0.9, 1.1])
+        return _doc({"long": list(long_), "short": _samples(rng, n=10, sigma=0.005, scale=short_scale * T0)})
+
+    alone = compare.compare_runs(_doc({"short": _samples(rng, n=10, sigma=0.005)}),
+                                 _doc({"short": _samples(rng, n=10, sigma=0.005, scale=1.1 * T0)}))
+    assert alone["rows"][0]["label"] == "SLOWER" and alone["rows"][0]["wander"] == 0.0
+    res = compare.compare_runs(run(1.0), run(1.1))
+    short = res["rows"][1]
+    assert short["variant"] == "short" and short["wander"] > 0.05, short
+    assert short["label"] == "UNSURE" and any("typical" in n for n in short["notes"])
 
 
 def _interleaved_doc(rng, factors, n=600):

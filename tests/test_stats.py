@@ -171,6 +171,16 @@ def test_ten_percent_change_is_detected(factor: float, label: str) -> None:
     assert v.lo <= factor <= v.hi
 
 
+def test_env_shift_stretches_the_interval_by_the_move_on_both_sides() -> None:
+    rng = np.random.default_rng(12)
+    a, b = lognormal(rng, 200, 0.02), lognormal(rng, 200, 0.02, scale=T0 * 1.10)
+    plain = compare_samples(a, b, seed=3)
+    moved = compare_samples(a, b, seed=3, env_shift=math.log(1.15))
+    assert plain.label == "SLOWER" and moved.label == "UNSURE", moved.explain()
+    assert moved.lo == pytest.approx(plain.lo / 1.15) and moved.hi == pytest.approx(plain.hi * 1.15)
+    assert moved.ratio == plain.ratio and moved.env_shift == pytest.approx(math.log(1.15))
+
+
 def test_one_percent_under_five_percent_noise_large_n_is_same() -> None:
     # n = 2000: the interval is about ±0.4% wide, so a 1% shift is ruled out as >= 2%.
     rng = np.random.default_rng(12)
