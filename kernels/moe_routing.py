@@ -33,7 +33,7 @@ from torch import Tensor
 from microbench.kernels.checks import check_tensor, require_runnable
 from microbench.kernels.moe_reference import RENORM_EPS, align_capacity, check_routing_args
 
-__all__ = ["MAX_EXPERTS", "SUPPORTED_DTYPES", "align", "align_capacity", "route", "trim_alignment"]
+__all__ = ["MAX_EXPERTS", "SUPPORTED_DTYPES", "align", "align_capacity", "expert_segments", "route", "trim_alignment"]
 
 # --------------------------------------------------------------------------------------
 # Constants
@@ -135,13 +135,16 @@ def _grouped_topk_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, scale,
 
 
 @triton.jit
-def _align_kernel(ids_ptr, sorted_ptr, blocks_ptr, npad_ptr, N, E, BS, NUM_BLOCKS,
-                  CHUNK: tl.constexpr, E_BLOCK: tl.constexpr, BB: tl.constexpr,
-                  BS_BLOCK: tl.constexpr):
+def _align_kernel(ids_ptr, sorted_ptr, blocks_ptr, npad_ptr, seg_e_ptr, seg_start_ptr, seg_cnt_ptr, nseg_ptr,
+                  N, E, BS, NUM_BLOCKS, CHUNK: tl.constexpr, E_BLOCK: tl.constexpr, BB: tl.constexpr,
+                  BS_BLOCK: tl.constexpr, BLOCK_MAP: tl.constexpr, SEGMENTS: tl.constexpr):
     """Sort N pairs by expert into BS-padded runs; one program, four passes.
 
     Every output entry is written exactly once and no pass reads what another wrote, so
     the passes need no barrier.  Pairs whose id is outside 0..E-1 are dropped.
+    ``BLOCK_MAP``: write the block -> expert map and padding sentinels (pass 3).
+    ``SEGMENTS``: also write the touched experts in id order as segments — expert,
+    start, count, and how many — for kernels that take one expert's pairs whole.
     """
     e = tl.arange(0, E_BLOCK)
     ci = tl.arange(0, CHUNK)
@@ -161,13 +164,20 @@ def _align_kernel(ids_ptr, sorted_ptr, blocks_ptr, npad_ptr, N, E, BS, NUM_BLOCK
     starts = ends - padded
     total = tl.sum(padded, axis=0)
     tl.store(npad_ptr, total)
+    if SEGMENTS:
+        touched = (counts > 0) & (e < E)
+        slot = tl.cumsum(touched.to(tl.int32), axis=0) - 1
+        tl.store(seg_e_ptr + slot, e, mask=touched)
+        tl.store(seg_start_ptr + slot, starts, mask=touched)
+        tl.store(seg_cnt_ptr + slot, counts, mask=touched)
+        tl.store(nseg_ptr, tl.sum(touched.to(tl.int32), axis=0))
 
     # 3. Block map and sentinels: block b starts at b*BS and belongs to the first expert
     #    whose run ends after it (empty experts end where they start, so they are passed
     #    over); an entry of it past that expert's count, or past the total, is padding.
     bi = tl.arange(0, BB)
     col = tl.arange(0, BS_BLOCK)[None, :]
-    for b0 in range(0, NUM_BLOCKS, BB):
+    for b0 in range(0, NUM_BLOCKS if BLOCK_MAP else 0, BB):
         b = b0 + bi
         first = b * BS
         owner = tl.sum(((ends[None, :] <= first[:, None]) & (e[None, :] < E)).to(tl.int32), axis=1)
@@ -357,11 +367,56 @@ def align(
         return sorted_ids, expert_of_block, torch.zeros((), dtype=torch.int32, device=dev)
     num_padded = torch.empty((), dtype=torch.int32, device=dev)  # the kernel writes it
     _align_kernel[(1,)](
-        topk_ids, sorted_ids, expert_of_block, num_padded, n, num_experts, block_size,
-        cap // block_size, CHUNK=_ALIGN_CHUNK, E_BLOCK=triton.next_power_of_2(num_experts),
-        BB=_ALIGN_BLOCKS, BS_BLOCK=triton.next_power_of_2(block_size), num_warps=_ALIGN_WARPS,
+        topk_ids, sorted_ids, expert_of_block, num_padded, num_padded, num_padded, num_padded, num_padded,
+        n, num_experts, block_size, cap // block_size, CHUNK=_ALIGN_CHUNK,
+        E_BLOCK=triton.next_power_of_2(num_experts), BB=_ALIGN_BLOCKS,
+        BS_BLOCK=triton.next_power_of_2(block_size), BLOCK_MAP=True, SEGMENTS=False, num_warps=_ALIGN_WARPS,
     )
     return sorted_ids, expert_of_block, num_padded
+
+
+def expert_segments(topk_ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The pairs sorted by expert with no padding, and one segment per touched expert.
+
+    The alignment of :func:`align` at block size 1, plus the list a per-expert kernel
+    walks: segment ``s < num_segments`` is expert ``seg_expert[s]`` (increasing ids),
+    whose pairs are ``sorted_ids[seg_start[s] : seg_start[s] + seg_count[s]]`` in pair
+    order.  One launch, no host synchronisation; ids outside ``0 .. num_experts - 1``
+    are dropped.  Entries of the segment arrays from ``num_segments`` on are unwritten.
+
+    Args:
+        topk_ids: ``[T, top_k]`` contiguous int32 expert ids.
+        num_experts: E, ``1 .. MAX_EXPERTS``.
+
+    Returns:
+        ``(sorted_ids [T*top_k] int32, seg_expert [S] int32, seg_start [S] int32,
+        seg_count [S] int32, num_segments [] int32)`` with ``S = min(E, T * top_k)``, the
+        most experts a routing can touch.
+
+    Raises:
+        ValueError: as :func:`align`.
+    """
+    check_tensor("topk_ids", topk_ids)
+    if topk_ids.dim() != 2 or topk_ids.dtype != torch.int32:
+        raise ValueError(
+            f"topk_ids: expected a 2-D int32 tensor, got {topk_ids.dtype} of shape {tuple(topk_ids.shape)}"
+        )
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: expected an int in 1..{MAX_EXPERTS}, got {num_experts!r}")
+    require_runnable(_align_kernel, topk_ids, "topk_ids")
+    n = topk_ids.numel()
+    dev = topk_ids.device
+    s = min(num_experts, n)
+    sorted_ids = torch.empty(n, dtype=torch.int32, device=dev)  # segments cover every entry read
+    seg = torch.empty(3, max(s, 1), dtype=torch.int32, device=dev)
+    counts = torch.zeros(2, dtype=torch.int32, device=dev)  # [padded total, segments]
+    if n:
+        _align_kernel[(1,)](
+            topk_ids, sorted_ids, counts, counts, seg[0], seg[1], seg[2], counts[1:], n, num_experts, 1, 0,
+            CHUNK=_ALIGN_CHUNK, E_BLOCK=triton.next_power_of_2(num_experts), BB=_ALIGN_BLOCKS, BS_BLOCK=1,
+            BLOCK_MAP=False, SEGMENTS=True, num_warps=_ALIGN_WARPS,
+        )
+    return sorted_ids, seg[0, :s], seg[1, :s], seg[2, :s], counts[1]
 
 
 def trim_alignment(

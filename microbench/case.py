@@ -37,13 +37,16 @@ class Workload:
     outputs: dict[str, Any]
     cost: Cost
     meta: dict[str, Any] = field(default_factory=dict)
+    #: JSON-able facts about this point's inputs, stored in its records (e.g. the experts a
+    #: routing touched): what a reader needs to interpret the time.
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def kwargs(self) -> dict[str, Any]:
         return {**self.inputs, **self.outputs}
 
     def clone(self) -> "Workload":
         """A copy with its own tensors (for rotating cold-cache copies in graph mode)."""
-        return Workload(_clone_all(self.inputs), _clone_all(self.outputs), self.cost, dict(self.meta))
+        return Workload(_clone_all(self.inputs), _clone_all(self.outputs), self.cost, dict(self.meta), dict(self.facts))
 
     @property
     def working_set_bytes(self) -> int:
@@ -117,6 +120,18 @@ class Case:
     def derive(self, records: Sequence[dict[str, Any]]) -> None:
         """Add case-specific columns to finished records, as ``record["derived"][name] =
         text`` (e.g. a speed-up, or a time composed from another point); shown by every table."""
+
+    def tune(self, point: Point, device: str, trial: Any) -> list[dict[str, Any]]:
+        """Search this point's launch configurations (``microbench tune``); ``trial(fn,
+        workload, expected, label)`` gates and times one candidate and returns its median
+        seconds, or None when it is incorrect.  Returns one row per search (its winner);
+        a case with nothing to tune returns []."""
+        return []
+
+    def save_tuning(self, device: str, path: str | None = None) -> str | None:
+        """Write what :meth:`tune` found (to ``path``, else the device's own table);
+        return the path, or None when the case tunes nothing."""
+        return None
 
     def reference(self, workload: Workload) -> Mapping[str, Any]:
         """Expected outputs (fp32), keyed like ``workload.outputs``; empty = nothing to check

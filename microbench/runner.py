@@ -168,7 +168,7 @@ class Runner:
                 expected = case.reference(w)
                 atol, rtol = case.tolerance(point)
                 gate = check_variant(v.fn, w.inputs, w.outputs, expected, atol=atol, rtol=rtol, seed=seed)
-                base = dict(correctness=gate.to_dict(), bytes=w.cost.bytes, flops=w.cost.flops)
+                base = dict(correctness=gate.to_dict(), bytes=w.cost.bytes, flops=w.cost.flops, facts=w.facts or None)
                 if not gate.passed:
                     recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason="incorrect: " + gate.summary(), **base)
                     continue

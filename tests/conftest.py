@@ -22,6 +22,9 @@ if not HAS_CUDA:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--mb-budget-s", type=float, default=1.0,
                      help="microbench benches: time budget per bench in seconds (default 1.0)")
+    parser.addoption("--mb-suite", default=None,
+                     help="microbench benches: the suite whose points to bench (default: verify on a GPU, "
+                          "smoke on CPU)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,89 @@
+"""``microbench tune``: search a case's launch configurations on this device and keep the
+fastest correct one per point.
+
+The split is the same as for ``run``.  The harness owns the sweep (a suite's points,
+narrowed by ``--axis``), the :class:`Trial` that judges one candidate — the correctness
+gate against the case's reference first (a configuration that computes a wrong answer is
+never kept, however fast), then the one timing engine — the progress lines and the
+table.  The case owns what is tunable: :meth:`microbench.case.Case.tune` proposes
+candidates in its own search order, keeps the winners and says where its table lives.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from microbench.case import Case, Point, Workload, point_label, point_seed
+from microbench.gate import check_variant
+from microbench.report import fmt_time
+from microbench.timing import TimingOptions, measure
+
+
+@dataclass
+class Trial:
+    """Gate, then time, one candidate call of a case at one point."""
+
+    case: Case
+    point: Point
+    device: str
+    seed: int
+    timing: TimingOptions
+    cache_bytes: int | None = None
+    max_trials: int | None = None  # per search (a case may run several searches per point)
+    log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
+    count: int = 0
+    rejected: int = 0
+
+    def __call__(self, fn: Callable[..., Any], w: Workload, expected: Mapping[str, Any], label: str = "") -> float | None:
+        """The candidate's median seconds per call, or ``None`` when it is incorrect or fails."""
+        self.count += 1
+        atol, rtol = self.case.tolerance(self.point)
+        try:
+            gate = check_variant(fn, w.inputs, w.outputs, expected, atol=atol, rtol=rtol, seed=self.seed)
+        except Exception as e:  # noqa: BLE001 - a config that cannot compile or launch is just not a winner
+            self.rejected += 1
+            self.log(f"    {label}: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return None
+        if not gate.passed:
+            self.rejected += 1
+            self.log(f"    {label}: incorrect: {gate.summary()}")
+            return None
+        m = measure(functools.partial(fn, **w.kwargs()), device=self.device, options=self.timing,
+                    cache_bytes=self.cache_bytes)
+        self.log(f"    {label}: {fmt_time(m.median_s)} ±{100 * m.summary.rel_noise:.2f}% n={m.summary.count}")
+        return m.median_s
+
+    def limit(self, candidates: Sequence[Any]) -> list[Any]:
+        """The first ``max_trials`` candidates (all when unlimited): cases order their
+        spaces from the most to the least promising."""
+        return list(candidates if self.max_trials is None else candidates[: self.max_trials])
+
+
+def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, timing: TimingOptions | None = None,
+         cache_bytes: int | None = None, max_trials: int | None = None, out: str | None = None,
+         log: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Tune every point; returns the winners' rows and the tables written.
+
+    Each case saves its table after every point (``Case.save_tuning``), so an
+    interrupted search keeps what it found.
+    """
+    log = log or (lambda s: print(s, file=sys.stderr))
+    timing = timing or TimingOptions(budget_s=0.2, max_noise=0.01)
+    rows: list[dict[str, Any]] = []
+    written: list[str] = []
+    for i, (case, point) in enumerate(items, 1):
+        log(f"[{i}/{len(items)}] {case.id} {point_label(point)}")
+        trial = Trial(case, point, device, point_seed(seed, case.id, point), timing, cache_bytes, max_trials, log)
+        t0 = time.perf_counter()
+        found = case.tune(point, device, trial)
+        for r in found:
+            rows.append({"case": case.id, **point, **r})
+        path = case.save_tuning(device, out)
+        if path and path not in written:
+            written.append(path)
+        log(f"    {trial.count} trials ({trial.rejected} rejected) in {time.perf_counter() - t0:.1f} s")
+    return rows, written

@@ -1,0 +1,132 @@
+"""The MoE cases: shapes from the model files, routings, the gated smoke run, tuning.
+
+Shapes are checked against the per-rank sizes the issue states (Kimi-K2.5 TP8 w13
+[384, 512, 7168], w2 [384, 7168, 256]; EP8 [48, 4096, 7168] / [48, 7168, 2048]); the smoke
+points run through the real runner (gate, then timer) under the interpreter on CPU; the
+tuner is driven through the command line on the scaled-down layout.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from microbench import cli
+from microbench.cases import moe as moe_cases
+from microbench.cases.moe_inputs import moe_shape, routing
+from microbench.runner import RunOptions, Runner, plan
+from microbench.timing import TimingOptions
+
+from .helpers import DEVICE
+
+FAST = TimingOptions(budget_s=0.05, max_noise=0.05)
+
+
+@pytest.mark.parametrize(("layout", "experts", "global_experts", "hidden", "inter"), [
+    ("kimi-tp8", 384, 384, 7168, 256),
+    ("kimi-ep8", 48, 384, 7168, 2048),
+    ("dsv3-tp8", 256, 256, 7168, 256),
+])
+def test_layouts_come_from_the_model_files(layout, experts, global_experts, hidden, inter):
+    s = moe_shape(layout)
+    assert (s.experts, s.global_experts, s.hidden, s.inter, s.top_k) == (experts, global_experts, hidden, inter, 8)
+    with pytest.raises(ValueError, match="layout"):
+        moe_shape("kimi-tp16")
+
+
+def test_distinct_routing_touches_every_choice_once_and_router_routing_respects_ep():
+    s = moe_shape("mini")  # 16 experts, top-8
+    _, w, ids = routing(s, 2, "distinct", torch.float32, "cpu", 0)
+    assert ids.unique().numel() == 16 and ids.dtype == torch.int32  # 2 x 8 = all 16, none twice
+    _, w, ids = routing(s, 5, "distinct", torch.float32, "cpu", 1)
+    assert all(row.unique().numel() == 8 for row in ids)  # wraps round, rows stay distinct
+    assert torch.allclose(w.sum(dim=1), torch.full((5,), s.scaling))
+    ep = moe_shape("kimi-ep8")
+    small = type(ep)(**{**ep.__dict__, "hidden": 64})  # the EP mapping, at a CPU-sized hidden
+    _, _, ids = routing(small, 6, "router", torch.float32, "cpu", 2)
+    assert int(ids.min()) >= -1 and int(ids.max()) < 48 and (ids == -1).any()
+    with pytest.raises(ValueError, match="routing"):
+        routing(s, 2, "uniform", torch.float32, "cpu", 0)
+
+
+def test_verify_axes_are_the_issue_sweep():
+    ax = moe_cases.MoEExpertsCase().axes("verify", "cuda")
+    assert ax["layout"] == ["kimi-tp8", "kimi-ep8", "dsv3-tp8"] and ax["tokens"] == [1, 4, 8, 16, 32, 64]
+    assert set(ax["routing"]) == {"router", "distinct"} and set(ax["weights"]) == {"int4", "bf16"}
+    assert moe_cases.MoEExpertsCase().skip({"dtype": "bf16"}, "cpu")
+
+
+def _smoke(cases, **kw):
+    opts = RunOptions(suite="smoke", device=DEVICE, timing=FAST, probe=False, **kw)
+    return Runner(opts, None, progress=lambda _: None).run(plan(cases, opts))
+
+
+def test_smoke_points_pass_the_gate_and_carry_their_facts(tmp_path, monkeypatch):
+    monkeypatch.setattr(moe_cases, "TUNING_DIR", str(tmp_path))  # no table: the defaults
+    recs = _smoke([moe_cases.MoERouterCase(), moe_cases.MoEAlignCase(), moe_cases.MoEExpertsCase()])
+    assert {r["status"] for r in recs} == {"OK"}, [(r["case"], r["variant"], r["reason"]) for r in recs]
+    experts = [r for r in recs if r["case"] == "moe.experts"]
+    assert {r["variant"] for r in experts} == {"fused", "few_token"} and len(experts) == 4
+    for r in experts:
+        assert r["derived"]["experts"] == str(r["facts"]["experts"]) and r["derived"]["config"] == "default"
+        assert 1 <= r["facts"]["experts"] <= 16 and r["bytes"] > 0
+    assert all("speed-up vs fused" in r["derived"] for r in experts if r["variant"] == "few_token")
+
+
+def test_a_wrong_variant_is_failed_not_timed(monkeypatch, tmp_path):
+    monkeypatch.setattr(moe_cases, "TUNING_DIR", str(tmp_path))
+    case = moe_cases.MoEExpertsCase()
+    right = case.variants()
+
+    def half(hidden, weights, topk_weights, topk_ids, configs, out):
+        right[1].fn(hidden, weights, topk_weights, topk_ids, configs, out)
+        out[:, : out.shape[1] // 2] *= 1.05  # 5% off on half the channels
+
+    case.variants = lambda: [right[0], type(right[0])("wrong", half)]
+    recs = _smoke([case], axis_picks={"weights": ["bf16"]})
+    wrong = [r for r in recs if r["variant"] == "wrong"]
+    assert wrong and all(r["status"] == "FAILED" and r["timing"] is None for r in wrong)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="drives the CPU interpreter's smoke layout")
+def test_tune_writes_a_table_that_run_then_uses(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(moe_cases, "TUNING_DIR", str(tmp_path))
+    rc = cli.main(["tune", "--device", "cpu", "--axis", "weights=bf16", "--max-trials", "2", "--budget-s", "0.02"])
+    assert rc == 0
+    table = json.loads((tmp_path / "cpu.json").read_text())
+    assert table["schema"] == "microbench.moe_tuning"
+    got = {(e["kernel"], e["gemm"]) for e in table["entries"]}
+    assert got == {("fused", "w13+w2"), ("few_token", "w13"), ("few_token", "w2")}
+    assert all(e["tokens"] == 4 and e["weights"] == "bf16" for e in table["entries"])
+    out = capsys.readouterr().out
+    assert "few_token" in out and "vs default" in out
+    case = moe_cases.MoEExpertsCase()
+    point = {"layout": "mini", "weights": "bf16", "tokens": 4, "routing": "router", "dtype": "fp16"}
+    _, source = case.configs(point, "cpu")
+    assert source == {"fused": "tuned", "few_token": "tuned"}
+    _, source = case.configs({**point, "tokens": 16}, "cpu")
+    assert source["fused"] == "tuned at T=4"
+    _, source = case.configs({**point, "weights": "int4"}, "cpu")
+    assert source == {"fused": "default", "few_token": "default"}
+
+
+def test_tune_rejects_bad_input(capsys):
+    assert cli.main(["tune", "--device", "cpu", "--case", "norm.rmsnorm"]) == 2
+    assert "no tunable case" in capsys.readouterr().err
+    assert cli.main(["tune", "--device", "cpu", "--max-trials", "0"]) == 2
+
+
+def test_trial_rejects_an_incorrect_candidate(monkeypatch, tmp_path):
+    from microbench.tune import Trial
+
+    monkeypatch.setattr(moe_cases, "TUNING_DIR", str(tmp_path))
+    case = moe_cases.MoEExpertsCase()
+    point = {"layout": "mini", "weights": "bf16", "tokens": 3, "routing": "distinct", "dtype": "fp16"}
+    w = case.setup(point, "cpu", 5)
+    logs = []
+    trial = Trial(case, point, "cpu", 5, FAST, log=logs.append)
+    assert trial(lambda **kw: kw["out"].zero_(), w, case.reference(w), "zeros") is None
+    assert trial.rejected == 1 and "incorrect" in logs[-1]
+    assert trial(moe_cases._few_token, w, case.reference(w), "few") > 0
