@@ -28,7 +28,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import triton
@@ -402,7 +402,3 @@ class TuningTable:
         os.replace(tmp, path)
         return path
 
-
-def configs_from(mapping: Mapping[str, Any]) -> GemmConfig:
-    """A :class:`GemmConfig` from a plain mapping (``--config`` text, a test)."""
-    return GemmConfig(**dict(mapping))

@@ -308,6 +308,22 @@ def route(
     return weights, ids
 
 
+def _check_align_args(topk_ids: Tensor, num_experts: int, block_size: int) -> None:
+    """The argument rules :func:`align` and :func:`expert_segments` share."""
+    check_tensor("topk_ids", topk_ids)
+    if topk_ids.dim() != 2 or topk_ids.dtype != torch.int32:
+        raise ValueError(
+            f"topk_ids: expected a 2-D int32 tensor, got {topk_ids.dtype} of shape {tuple(topk_ids.shape)}"
+        )
+    for name, v in (("num_experts", num_experts), ("block_size", block_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name}: expected an int, got {type(v).__name__}")
+    if not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: {num_experts} outside 1..{MAX_EXPERTS}")
+    if block_size < 1:
+        raise ValueError(f"block_size: must be >= 1, got {block_size}")
+
+
 def align(
     topk_ids: Tensor, num_experts: int, block_size: int, *, check: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -338,18 +354,7 @@ def align(
         ValueError: a bad shape, dtype, layout or size (or, with ``check``, an id out of
             range), naming the argument.  TypeError: a non-tensor ``topk_ids``.
     """
-    check_tensor("topk_ids", topk_ids)
-    if topk_ids.dim() != 2 or topk_ids.dtype != torch.int32:
-        raise ValueError(
-            f"topk_ids: expected a 2-D int32 tensor, got {topk_ids.dtype} of shape {tuple(topk_ids.shape)}"
-        )
-    for name, v in (("num_experts", num_experts), ("block_size", block_size)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name}: expected an int, got {type(v).__name__}")
-    if not 1 <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"num_experts: {num_experts} outside 1..{MAX_EXPERTS}")
-    if block_size < 1:
-        raise ValueError(f"block_size: must be >= 1, got {block_size}")
+    _check_align_args(topk_ids, num_experts, block_size)
     n = topk_ids.numel()
     cap = align_capacity(n, num_experts, block_size)
     if cap + block_size >= 2**31:  # positions and the sentinel are int32
@@ -396,13 +401,7 @@ def expert_segments(topk_ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor,
     Raises:
         ValueError: as :func:`align`.
     """
-    check_tensor("topk_ids", topk_ids)
-    if topk_ids.dim() != 2 or topk_ids.dtype != torch.int32:
-        raise ValueError(
-            f"topk_ids: expected a 2-D int32 tensor, got {topk_ids.dtype} of shape {tuple(topk_ids.shape)}"
-        )
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or not 1 <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"num_experts: expected an int in 1..{MAX_EXPERTS}, got {num_experts!r}")
+    _check_align_args(topk_ids, num_experts, 1)
     require_runnable(_align_kernel, topk_ids, "topk_ids")
     n = topk_ids.numel()
     dev = topk_ids.device
