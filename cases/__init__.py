@@ -19,13 +19,15 @@ SUITES: dict[str, str] = {
 def all_cases() -> list[Case]:
     """Every shipped case, calibration first."""
     from microbench.cases.calibration import CopyBandwidth, LaunchFloor, MatmulRate
+    from microbench.cases.comm import AllReduceCase, AllReduceSweepCase
     from microbench.cases.mla import MLAVerifyCase
     from microbench.cases.moe import MoEAlignCase, MoEExpertsCase, MoERouterCase
     from microbench.cases.rmsnorm import RMSNormCase
     from microbench.cases.selftest import CpuWork
 
     cases: list[Case] = [CopyBandwidth(), MatmulRate(), LaunchFloor(), RMSNormCase(), MLAVerifyCase(),
-                         MoERouterCase(), MoEAlignCase(), MoEExpertsCase(), CpuWork()]
+                         MoERouterCase(), MoEAlignCase(), MoEExpertsCase(), AllReduceCase(), AllReduceSweepCase(),
+                         CpuWork()]
     return sorted(cases, key=lambda c: (c.order, c.id))
 
 

@@ -43,6 +43,10 @@ def bench_case(benchmark: Any, case: Case, point: Point, variant: str, *, device
                options: TimingOptions | None = None, seed: int = 0, cache_bytes: int | None = None) -> dict[str, Any]:
     """Gate ``variant`` of ``case`` at ``point`` and time it into ``benchmark``; returns extra_info."""
     v = case.variant(variant)
+    if case.distributed:  # one rank here: the path's fixed cost per call
+        from microbench.distributed import solo_world
+
+        solo_world(device)
     s = point_seed(seed, case.id, point)
     w = case.setup(point, device, s)
     atol, rtol = case.tolerance(point)
@@ -55,7 +59,7 @@ def bench_case(benchmark: Any, case: Case, point: Point, variant: str, *, device
         return info
     call = functools.partial(v.fn, **w.kwargs())
     if device.startswith("cuda"):
-        opts = options or TimingOptions(mode=case.timing_mode)
+        opts = options or TimingOptions(mode=case.point_timing_mode(point))
         m = measure(call, device=device, options=opts, cache_bytes=cache_bytes)
         samples = m.samples_s
         t = m.summary.median

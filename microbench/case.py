@@ -70,6 +70,8 @@ class Variant:
     fn: Callable[..., Any]
     devices: tuple[str, ...] = ("cuda", "cpu")
     doc: str = ""
+    #: Labels a table may group by (e.g. a collective's path and placement); stored in records.
+    tags: Mapping[str, str] = field(default_factory=dict)
 
     def runs_on(self, device: str) -> bool:
         return device.split(":")[0] in self.devices
@@ -97,6 +99,9 @@ class Case:
     ceiling: ClassVar[str | None] = None
     #: Timing mode forced by the case (e.g. the launch floor is back-to-back by nature).
     timing_mode: ClassVar[str | None] = None
+    #: A multi-rank case: its variants are collectives, run on every rank of a
+    #: torch.distributed world in lock step (see microbench.distributed).
+    distributed: ClassVar[bool] = False
 
     def variants(self) -> Sequence[Variant]:
         raise NotImplementedError
@@ -109,6 +114,16 @@ class Case:
     def skip(self, point: Point, device: str) -> str | None:
         """A reason when the point is invalid or unsupported on ``device``, else None."""
         return None
+
+    def point_timing_mode(self, point: Point) -> str | None:
+        """The timing mode this point forces (e.g. an eager/graph axis), else the case's."""
+        return self.timing_mode
+
+    def parse_axis_value(self, axis: str, text: str) -> Any:
+        """A value of ``axis`` given on the command line that is not one of the suite's
+        (e.g. any message size); raise ValueError with the reason when it is invalid.
+        The default accepts only the declared values."""
+        raise KeyError(text)
 
     def skip_variant(self, variant: str, point: Point, device: str) -> str | None:
         """A reason when one variant cannot run at this point (others still do), else None."""
@@ -167,8 +182,11 @@ def expand(axes: Mapping[str, Sequence[Any]]) -> list[Point]:
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
-def narrow(axes: Mapping[str, Sequence[Any]], picks: Mapping[str, Sequence[str]], case_id: str) -> dict[str, list[Any]]:
-    """Keep only the axis values named by ``--axis name=v1,v2`` (strings matched to values).
+def narrow(axes: Mapping[str, Sequence[Any]], picks: Mapping[str, Sequence[str]], case_id: str,
+           parse: Callable[[str, str], Any] | None = None) -> dict[str, list[Any]]:
+    """Keep only the axis values named by ``--axis name=v1,v2`` (strings matched to values;
+    a value the suite lacks is offered to ``parse(axis, text)``, a case's
+    :meth:`Case.parse_axis_value`, which may accept it).
 
     Raises ValueError naming the axis or the value when one is unknown to the case.
     """
@@ -177,12 +195,22 @@ def narrow(axes: Mapping[str, Sequence[Any]], picks: Mapping[str, Sequence[str]]
         if name not in out:
             raise ValueError(f"case {case_id} has no axis {name!r} (axes: {', '.join(out) or 'none'})")
         by_text = {str(v): v for v in out[name]}
-        missing = [w for w in wanted if w not in by_text]
+        chosen, missing = [], []
+        for w in wanted:
+            if w in by_text:
+                chosen.append(by_text[w])
+                continue
+            try:
+                chosen.append(parse(name, w) if parse else by_text[w])
+            except KeyError:
+                missing.append(w)
+            except ValueError as e:
+                raise ValueError(f"case {case_id}: axis {name}={w}: {e}") from None
         if missing:
             raise ValueError(
                 f"case {case_id}: axis {name} has no value {', '.join(missing)} (values: {', '.join(by_text)})"
             )
-        out[name] = [by_text[w] for w in wanted]
+        out[name] = chosen
     return out
 
 

@@ -21,7 +21,8 @@ class UsageError(Exception):
 
 
 def _err(msg: str) -> int:
-    print(f"microbench: error: {msg}", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0, not one per rank
+        print(f"microbench: error: {msg}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -126,14 +127,17 @@ def _profile_ceilings(device: str) -> dict[str, dict]:
     }
 
 
-def cmd_run(a: argparse.Namespace) -> int:
-    device = resolve_device(a.device)
+def _set_threads(device: str, threads: int) -> None:
     if device == "cpu":
         # One intra-op thread: on a small shared machine a busy neighbour core stalls
         # OpenMP barriers (a 48x48 matmul took 15 ms with 2 threads under load, 25 µs with 1).
         import torch
 
-        torch.set_num_threads(a.threads)
+        torch.set_num_threads(threads)
+
+
+def run_selection(a: argparse.Namespace, device: str) -> tuple[str, list, list[str]]:
+    """The suite, the cases and the variant filter of ``run`` (UsageError on bad names)."""
     suite = a.suite or ("verify" if device.startswith("cuda") else "smoke")
     cases = _select_cases(_split(a.case), suite, device)
     if not cases:
@@ -143,52 +147,130 @@ def cmd_run(a: argparse.Namespace) -> int:
     unknown = [v for v in variants if v not in known]
     if unknown:
         raise UsageError(f"unknown variant {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
+    return suite, cases, variants
 
-    from microbench import env, report
-    from microbench.results import ResultWriter, utc_now
-    from microbench.runner import Plan, RunOptions, Runner, plan
+
+def run_options(a: argparse.Namespace, suite: str, device: str, variants: list[str], world: Any = None):
+    from microbench import env
+    from microbench.runner import RunOptions
     from microbench.timing import TimingOptions
 
     try:
         timing = TimingOptions(mode=a.mode, budget_s=a.budget_s, max_noise=a.max_noise)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    opts = RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
+    return RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, seed=a.seed, min_effect=a.min_effect, probe=not a.no_probe,
                       cache_bytes=env.l2_cache_bytes(device), profile_ceilings=_profile_ceilings(device),
-                      repeat=a.repeat if a.repeat else (1 if device.startswith("cuda") else 3))
+                      repeat=a.repeat if a.repeat else (1 if device.startswith("cuda") else 3), world=world)
+
+
+def make_plan(cases, opts, all_cases):
+    from microbench.runner import plan
+
     try:
-        p: Plan = plan(cases, opts)
+        p = plan(cases, opts)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    all_axes = {k for c in cases for k in c.axes(suite, device)}
+    all_axes = {k for c in all_cases for k in c.axes(opts.suite, opts.device)}
     stray = [k for k in opts.axis_picks if k not in all_axes]
     if stray:
         raise UsageError(f"no selected case has axis {', '.join(stray)}")
-    n_var = sum(len(c.variants()) for c, _ in p.items)
-    print(f"microbench run: suite {suite} on {device}: {len(p.items)} points ({n_var} variant runs)"
-          + (f" x {opts.repeat} passes" if opts.repeat > 1 else "")
-          + (f", {len(p.skipped)} skipped" if p.skipped else "") + f" from {len(cases)} case(s)", file=sys.stderr)
+    return p
 
-    fp = env.fingerprint(device)
-    run_meta = {"id": None, "started_utc": utc_now(), "argv": sys.argv[1:], "suite": suite,
-                "cases": [c.id for c in cases], "device": device, "seed": a.seed, "interleave": a.interleave,
-                "timing": timing.__dict__, "min_effect": a.min_effect,
-                "cpu_threads": a.threads if device == "cpu" else None, "repeat": opts.repeat}
-    writer = ResultWriter(a.out, run_meta, fp)
+
+def run_meta(a: argparse.Namespace, opts, cases) -> dict[str, Any]:
+    from microbench.results import utc_now
+
+    return {"id": None, "started_utc": utc_now(), "argv": sys.argv[1:], "suite": opts.suite,
+            "cases": [c.id for c in cases], "device": opts.device, "seed": a.seed, "interleave": a.interleave,
+            "timing": opts.timing.__dict__, "min_effect": a.min_effect,
+            "cpu_threads": a.threads if opts.device == "cpu" else None, "repeat": opts.repeat}
+
+
+def open_writer(out: str, meta: dict[str, Any], fingerprint: dict[str, Any]):
+    from microbench.results import ResultWriter
+
+    writer = ResultWriter(out, meta, fingerprint)
     writer.doc["run"]["id"] = os.path.basename(writer.path)[: -len(".json")]
+    return writer
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from microbench import distributed
+
+    if distributed.launched():  # one rank of a torchrun launch (ours or the user's)
+        from microbench.ranks import run_ranks
+
+        return run_ranks(a)
+    device = resolve_device(a.device)
+    _set_threads(device, a.threads)
+    suite, cases, variants = run_selection(a, device)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    multi = [c for c in cases if c.distributed and (not variants or any(v.name in variants for v in c.variants()))]
+    nproc = a.nproc if a.nproc is not None else (_cuda_count() if kind == "cuda" else 2)
+    world = None
+    if multi:
+        try:
+            distributed.check_backend(a.backend, kind)
+            distributed.check_nproc(nproc, kind)
+            if nproc > 1 and ":" in device:
+                raise distributed.WorldError(f"--device {device} names one GPU; with --nproc {nproc} rank i "
+                                             f"takes cuda:i (use --device cuda)")
+            if nproc == 1:
+                world = distributed.init_world(device, a.backend, a.dist_timeout)
+        except distributed.WorldError as e:
+            raise UsageError(str(e)) from None
+    here = [c for c in cases if not c.distributed or (nproc == 1 and c in multi)]
+
+    from microbench import env, report
+    from microbench.runner import Runner
+
+    opts = run_options(a, suite, device, variants, world)
+    p = make_plan(here, opts, cases)
+    if multi and nproc > 1:
+        make_plan(multi, opts, cases)  # bad axis values fail here, in one line, not on every rank
+    n_var = sum(len(c.variants()) for c, _ in p.items)
+    if p.n_points or not multi or nproc == 1:
+        print(f"microbench run: suite {suite} on {device}: {len(p.items)} points ({n_var} variant runs)"
+              + (f" x {opts.repeat} passes" if opts.repeat > 1 else "")
+              + (f", {len(p.skipped)} skipped" if p.skipped else "") + f" from {len(here)} case(s)"
+              + (f", then {len(multi)} multi-rank case(s) on {nproc} ranks" if multi and nproc > 1 else ""),
+              file=sys.stderr)
+    writer = open_writer(a.out, run_meta(a, opts, cases), env.fingerprint(device))
+    if world is not None:
+        writer.doc["run"]["world"] = world.describe()
     runner = Runner(opts, writer)
+    rc = 0
     try:
         runner.run(p)
+        if multi and nproc > 1:
+            from microbench.ranks import run_on_ranks
+
+            rc = run_on_ranks(a, suite, kind, multi, nproc, opts, writer)
     except KeyboardInterrupt:
         path = writer.close(complete=False, interrupted=True)
         print(report.render(writer.doc, a.format), end="")
         print(f"interrupted: {len(writer.records)} records kept in {path} (marked incomplete)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if world is not None:
+            world.close()
+    if rc:
+        path = writer.close(complete=False, error=f"the {nproc}-rank run exited with status {rc}")
+        print(report.render(writer.doc, a.format), end="")
+        print(f"results (incomplete): {path}", file=sys.stderr)
+        return 1
     path = writer.close(complete=True)
     print(report.render(writer.doc, a.format), end="")
     print(f"results: {path}", file=sys.stderr)
     return 0
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return max(1, torch.cuda.device_count())
 
 
 # --------------------------------------------------------------------------- tune
@@ -353,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-probe", action="store_true", help="skip the environment probe beside each point")
     r.add_argument("--threads", type=int, default=1, help="torch CPU threads when --device cpu (default 1)")
     r.add_argument("--format", choices=["text", "markdown", "csv"], default="text", help="table format")
+    r.add_argument("--nproc", type=int, help="ranks for multi-rank cases (comm.*): started with torchrun when "
+                   "more than 1 (default: every GPU on CUDA, 2 gloo processes on CPU)")
+    r.add_argument("--backend", help="torch.distributed backend of multi-rank cases: nccl or gloo "
+                   "(default: nccl on CUDA, gloo on CPU)")
+    r.add_argument("--dist-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds a rank waits for the others before every rank stops (default 120)")
+    r.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)  # set for ranks we launch
     r.set_defaults(func=cmd_run)
 
     t = sub.add_parser("tune", help="search launch configurations on this device; write its tuning table",

@@ -64,6 +64,11 @@ class GateResult:
     reports: list[MismatchReport] = field(default_factory=list)
     reason: str | None = None
 
+    @property
+    def wrong(self) -> int:
+        """Elements that failed (off, NaN or Inf), over every output: nccl-tests' #wrong."""
+        return sum(r.mismatched if r.error is None else r.numel for r in self.reports)
+
     def summary(self) -> str:
         if not self.checked:
             return f"not checked: {self.reason}"

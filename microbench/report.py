@@ -130,12 +130,97 @@ def render(doc: dict[str, Any], fmt: str = "text") -> str:
         axes = list(OrderedDict.fromkeys(a for r in recs for a in r["axes"]))
         derived = list(OrderedDict.fromkeys(d for r in recs for d in (r.get("derived") or {})))
         title = f"### {case}" if fmt == "markdown" else f"== {case} =="
+        if all((r.get("facts") or {}).get("collective") or r["status"] == "SKIPPED" for r in recs) and any(
+                (r.get("facts") or {}).get("collective") for r in recs):
+            out.append(collective_tables(title, recs, tablefmt, fmt == "markdown"))
+            continue
         notes: list[str] = []
         rows = [_row(r, axes, derived, notes) for r in recs]
         table = tabulate(rows, headers=axes + HEADERS + derived, tablefmt=tablefmt, disable_numparse=True)
         foot = "".join(f"\n[{i}] {n}" + ("  " if fmt == "markdown" else "") for i, n in enumerate(notes, 1))
         out.append(f"{title}\n{table}{foot}")
     return "\n\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- collectives
+
+#: nccl-tests' columns, per placement
+_PLACEMENTS = ("out-of-place", "in-place")
+
+
+def _bus_factor(world: int) -> float:
+    """busbw / algbw for an allreduce over ``world`` ranks (nccl-tests: 2(n-1)/n)."""
+    return 2 * (world - 1) / world if world > 0 else 0.0
+
+
+def _placement_cells(r: dict[str, Any] | None, notes: list[str]) -> list[str]:
+    if r is None:
+        return ["", "", "", "", ""]
+    if r["status"] != "OK":
+        reason = _short(r.get("reason"), 160)
+        if reason not in notes:
+            notes.append(reason)
+        wrong = r.get("wrong")
+        return [f"{r['status']} [{notes.index(reason) + 1}]", "", "", "", "-" if wrong is None else str(wrong)]
+    f, s = r["facts"], r["timing"]["summary"]
+    t = s["median"]
+    algbw = f["bytes"] / t / 1e9
+    return [f"{t * 1e6:.2f}", f"{100 * s['rel_noise']:.1f}%", f"{algbw:.2f}",
+            f"{algbw * _bus_factor(int(f['world_size'])):.2f}", str(r.get("wrong") or 0)]
+
+
+def collective_tables(title: str, recs: list[dict[str, Any]], tablefmt: str, markdown: bool) -> str:
+    """One nccl-tests-style table per capture (eager, graph): a row per (size, path) with
+    out-of-place then in-place time (µs, the slowest rank's), ±noise, algbw and busbw
+    (GB/s), #wrong (summed over ranks)."""
+    lead = [a for r in recs for a in r["axes"] if a not in ("capture", "dtype", "bytes")]
+    lead = list(OrderedDict.fromkeys(lead))
+    facts_of: dict[tuple, dict[str, Any]] = {}
+    groups: OrderedDict[str, OrderedDict[tuple, dict[str, dict]]] = OrderedDict()
+    worlds: dict[str, tuple] = {}
+    for r in recs:
+        tags = r.get("tags") or {}
+        axes = r["axes"]
+        f = r.get("facts") or {}
+        gkey = axes.get("capture", "")
+        point = tuple(json_key(axes.get(a)) for a in lead) + (axes.get("bytes"), axes.get("dtype"))
+        row = (point, tags.get("path", r["variant"]))
+        groups.setdefault(gkey, OrderedDict()).setdefault(row, {})[tags.get("placement", "in-place")] = r
+        if f:
+            facts_of[point] = f
+            worlds.setdefault(gkey, (f.get("world_size"), f.get("backend")))
+    parts = []
+    for capture, rows in groups.items():
+        world, backend = worlds.get(capture, (None, None))
+        notes: list[str] = []
+        body = []
+        # a path SKIPPED at every size for one reason is a line under the table, not a row per size
+        seen: dict[str, set] = {}
+        for (_, path), by_place in rows.items():
+            seen.setdefault(path, set()).update((r["status"], r.get("reason")) for r in by_place.values())
+        absent = {path: next(iter(st))[1] for path, st in seen.items() if len(st) == 1 and next(iter(st))[0] == "SKIPPED"}
+        for (point, path), by_place in rows.items():
+            if path in absent:
+                continue
+            f = facts_of.get(point, {})
+            size = f.get("bytes", point[-2])
+            body.append([*point[:len(lead)], size if size is not None else "-", f.get("count", "-"),
+                         f.get("dtype", point[-1]), f.get("redop", "sum"), path,
+                         *(c for p in _PLACEMENTS for c in _placement_cells(by_place.get(p), notes))])
+        headers = [*lead, "size (B)", "count", "type", "redop", "path"]
+        for p in ("oop", "ip"):
+            headers += [f"{p} time (us)", "±", "algbw (GB/s)", "busbw (GB/s)", "#wrong"]
+        where = f"{capture or '-'}, {world if world is not None else '?'} rank(s)" + (f" ({backend})" if backend else "")
+        head = f"{title} {where}" if not markdown else f"{title} — {where}"
+        table = tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+        foot = "".join(f"\n[{i}] {n}" + ("  " if markdown else "") for i, n in enumerate(notes, 1))
+        foot += "".join(f"\nnot run: {path}: {why}" + ("  " if markdown else "") for path, why in absent.items())
+        parts.append(f"{head}\n{table}{foot}")
+    return "\n\n".join(parts)
+
+
+def json_key(v: Any) -> Any:
+    return v if isinstance(v, (int, float, str)) or v is None else str(v)
 
 
 CSV_FIELDS = ["case", "axes", "variant", "device", "status", "reason", "median_s", "mean_s", "min_s", "p20_s",

@@ -39,6 +39,7 @@ class RunOptions:
     cache_bytes: int | None = None  # L2 (CUDA) / LLC (CPU) size for flushing
     repeat: int = 1  # passes over the whole plan; samples pooled per point
     profile_ceilings: Mapping[str, dict] = field(default_factory=dict)  # fallback ceilings
+    world: Any = None  # a microbench.distributed.World: multi-rank cases run on it
 
 
 @dataclass
@@ -59,7 +60,7 @@ def plan(cases: Sequence[Case], opts: RunOptions) -> Plan:
     for case in sorted(cases, key=lambda c: (c.order, c.id)):
         axes = case.axes(opts.suite, opts.device)
         picks = {k: v for k, v in opts.axis_picks.items() if k in axes}
-        for point in expand(narrow(axes, picks, case.id)):
+        for point in expand(narrow(axes, picks, case.id, case.parse_axis_value)):
             reason = case.skip(point, opts.device)
             (skipped.append((case, point, reason)) if reason else items.append((case, point)))
     return Plan(items, skipped)
@@ -153,36 +154,50 @@ class Runner:
         o = self.opts
         dev = o.device
         seed = point_seed(o.seed, case.id, point)
-        timing = o.timing if not case.timing_mode else TimingOptions(**{**o.timing.__dict__, "mode": case.timing_mode})
+        forced = case.point_timing_mode(point)
+        timing = o.timing if not forced else TimingOptions(**{**o.timing.__dict__, "mode": forced})
         mode = timing.resolved_mode(dev)
+        world = o.world if case.distributed else None
         recs: dict[str, dict[str, Any]] = {}
         ready: list[tuple[Variant, list[Callable[[], Any]]]] = []
         variants = [v for v in case.variants() if not o.variants or v.name in o.variants]
         for v in variants:
-            why = f"variant does not run on {dev}" if not v.runs_on(dev) else case.skip_variant(v.name, point, dev)
+            # the case's own reason first: it says why (e.g. "NCCL through CuPy needs CUDA devices")
+            why = case.skip_variant(v.name, point, dev) or (None if v.runs_on(dev) else f"variant does not run on {dev}")
+            why = _agreed_reason(world, f"{case.id} {v.name} skip", why)
+            extra = {"tags": dict(v.tags)} if v.tags else {}
             if why:
-                recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=why)
+                recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=why, **extra)
                 continue
             try:
                 w = case.setup(point, dev, seed)
                 expected = case.reference(w)
                 atol, rtol = case.tolerance(point)
                 gate = check_variant(v.fn, w.inputs, w.outputs, expected, atol=atol, rtol=rtol, seed=seed)
-                base = dict(correctness=gate.to_dict(), bytes=w.cost.bytes, flops=w.cost.flops, facts=w.facts or None)
-                if not gate.passed:
-                    recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason="incorrect: " + gate.summary(), **base)
-                    continue
-                recs[v.name] = _record(case, point, v.name, dev, "OK", **base)
-                ready.append((v, self._calls(v.fn, w, mode)))
+                base = dict(correctness=gate.to_dict(), bytes=w.cost.bytes, flops=w.cost.flops, facts=w.facts or None,
+                            **extra)
+                outcome = {"error": None, "passed": gate.passed, "wrong": gate.wrong, "summary": gate.summary()}
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the run
-                recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=_error_text(e),
-                                       traceback=traceback.format_exc(limit=6))
+                outcome = {"error": _error_text(e), "traceback": traceback.format_exc(limit=6), "dist": _is_dist(e)}
                 _free_device_memory(dev)
+            outcome = _agreed_outcome(world, f"{case.id} {v.name} gate", outcome)
+            if outcome["error"]:
+                recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=outcome["error"],
+                                       traceback=outcome.get("traceback"), **extra)
+                continue
+            if world is not None:
+                base["wrong"] = outcome["wrong"]
+            if not outcome["passed"]:
+                recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason="incorrect: " + outcome["summary"],
+                                       **base)
+                continue
+            recs[v.name] = _record(case, point, v.name, dev, "OK", **base)
+            ready.append((v, self._calls(v.fn, w, mode)))
         clocks = None
         if ready:
             before = probe.measure_probe(dev, o.cache_bytes) if o.probe else None
             with ClockSampler(_device_index(dev)) as sampler:
-                measured = self._time(ready, dev, timing, recs)
+                measured = self._time(ready, dev, timing, recs, world)
             clocks = sampler.result()
             env_probe = probe.pool(before, probe.measure_probe(dev, o.cache_bytes)) if before else None
             for v, m in measured.items():
@@ -195,25 +210,53 @@ class Runner:
         self._update_ceilings(case, out)
         return out
 
-    def _time(self, ready, dev, timing, recs) -> dict[str, Measurement]:
+    def _time(self, ready, dev, timing, recs, world=None) -> dict[str, Measurement]:
+        """Time the variants that passed the gate; on several ranks, in lock step, each
+        record then carrying every rank's own median (``ranks``)."""
         o = self.opts
+        lock = world.lockstep() if world is not None else None
         measured: dict[str, Measurement] = {}
         if o.interleave and len(ready) > 1:
             try:
-                ms = measure_interleaved([c for _, c in ready], device=dev, options=timing, cache_bytes=o.cache_bytes)
-                return {v.name: m for (v, _), m in zip(ready, ms)}
+                ms = measure_interleaved([c for _, c in ready], device=dev, options=timing, cache_bytes=o.cache_bytes,
+                                         lockstep=lock)
+                outcome = {"error": None}
             except Exception as e:  # noqa: BLE001
+                outcome = {"error": _error_text(e), "dist": _is_dist(e)}
+                _free_device_memory(dev)
+            outcome = _agreed_outcome(world, "interleaved timing", outcome)
+            if outcome["error"]:
                 for v, _ in ready:
-                    recs[v.name].update(status="FAILED", reason=_error_text(e))
-                _free_device_memory(dev)
+                    recs[v.name].update(status="FAILED", reason=outcome["error"])
                 return {}
+            measured = {v.name: m for (v, _), m in zip(ready, ms)}
+            self._rank_medians(world, lock, measured, recs)
+            return measured
         for v, calls in ready:
+            tracked = len(lock.local) if lock else 0
             try:
-                measured[v.name] = measure(calls, device=dev, options=timing, cache_bytes=o.cache_bytes)
+                m = measure(calls, device=dev, options=timing, cache_bytes=o.cache_bytes, lockstep=lock)
+                outcome = {"error": None}
             except Exception as e:  # noqa: BLE001
-                recs[v.name].update(status="FAILED", reason=_error_text(e), traceback=traceback.format_exc(limit=6))
+                outcome = {"error": _error_text(e), "traceback": traceback.format_exc(limit=6), "dist": _is_dist(e)}
                 _free_device_memory(dev)
+            outcome = _agreed_outcome(world, f"{v.name} timing", outcome)
+            if outcome["error"]:
+                recs[v.name].update(status="FAILED", reason=outcome["error"], traceback=outcome.get("traceback"))
+                continue
+            measured[v.name] = m
+            if lock is not None:
+                self._rank_medians(world, lock, {v.name: m}, recs, first=tracked)
         return measured
+
+    @staticmethod
+    def _rank_medians(world, lock, measured: dict[str, Measurement], recs, first: int = 0) -> None:
+        if world is None:
+            return
+        mine = [stats.summarize(xs).median for xs in lock.local[first:first + len(measured)]]
+        every = world.agree("rank medians", mine)
+        for i, name in enumerate(measured):
+            recs[name]["ranks"] = [{"rank": r, "median_s": meds[i]} for r, meds in enumerate(every)]
 
     def _vs_baseline(self, case: Case, recs: dict[str, dict], measured: Any = None) -> None:
         """Each OK variant's ratio to the baseline, from the (pooled) samples of the records."""
@@ -306,6 +349,8 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
             o["probe"] = {**o["probe"], "samples_s": o["probe"]["samples_s"] + n["probe"]["samples_s"]}
         if n.get("clocks"):
             o.setdefault("clocks_passes", []).append(n["clocks"])
+        if n.get("ranks"):
+            o.setdefault("ranks_passes", []).append(n["ranks"])
 
 
 def progress_text(r: dict[str, Any]) -> str:
@@ -321,6 +366,56 @@ def progress_text(r: dict[str, Any]) -> str:
         extra += f"  ×{vb['ratio']:.3f} vs baseline {vb['label']}"
     return (f"{r['variant']:<14} {fmt_time(s['median'])} ±{100 * s['rel_noise']:.2f}% "
             f"n={s['count']} ({t['stop_reason']}){extra}")
+
+
+def _is_dist(e: BaseException) -> bool:
+    """An error of the communication layer itself (timeout, lost peer): the ranks may be out
+    of step after it, so the run cannot go on."""
+    try:
+        import torch.distributed as dist
+
+        if isinstance(e, getattr(dist, "DistError", ())):
+            return True
+    except Exception:  # noqa: BLE001
+        pass
+    text = str(e).lower()
+    return any(k in text for k in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe"))
+
+
+def _agreed_reason(world: Any, tag: str, why: str | None) -> str | None:
+    """A skip decision every rank shares: skipped when any rank has a reason."""
+    if world is None:
+        return why
+    every = world.agree(tag, why)
+    hits = [(r, w) for r, w in enumerate(every) if w]
+    if not hits:
+        return None
+    if all(w == hits[0][1] for _, w in hits) and len(hits) == len(every):
+        return hits[0][1]
+    return "; ".join(f"rank {r}: {w}" for r, w in hits)
+
+
+def _agreed_outcome(world: Any, tag: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    """One outcome for every rank: an error on any rank fails the variant everywhere; an
+    error of the communication layer stops every rank; gate mismatches are summed."""
+    if world is None:
+        return outcome
+    every = world.agree(tag, outcome)
+    errors = [(r, o) for r, o in enumerate(every) if o.get("error")]
+    lost = [(r, o) for r, o in errors if o.get("dist")]
+    if lost:
+        r, o = lost[0]
+        world.fatal(f"{tag}: rank {r}: {o['error']}")
+    if errors:
+        r, o = errors[0]
+        where = "every rank" if len(errors) == len(every) else f"rank {r}"
+        return {**o, "error": f"{where}: {o['error']}"}
+    if "passed" not in outcome:
+        return outcome
+    wrong = sum(int(o.get("wrong") or 0) for o in every)
+    failing = [(r, o) for r, o in enumerate(every) if not o["passed"]]
+    summary = outcome["summary"] if not failing else "; ".join(f"rank {r}: {o['summary']}" for r, o in failing)
+    return {"error": None, "passed": not failing, "wrong": wrong, "summary": summary}
 
 
 def _device_index(device: str) -> int | None:

@@ -225,15 +225,21 @@ def _flush_buffer(device: str, nbytes: int):
     return buf
 
 
-def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s: float) -> int:
+def _same(x: float) -> float:
+    return x
+
+
+def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s: float,
+          agreed: Callable[[float], float] = _same) -> int:
     # The first call of each copy compiles / autotunes / allocates; then warm by time so
-    # clocks ramp up and caches of the allocator settle.
+    # clocks ramp up and caches of the allocator settle. With several ranks the elapsed
+    # time is agreed (the slowest rank's), so every rank makes the same number of calls.
     for fn in calls:
         fn()
     sync()
     n = len(calls)
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < warmup_s:
+    while agreed(time.perf_counter() - t0) < warmup_s:
         calls[n % len(calls)]()
         n += 1
         sync()
@@ -246,7 +252,7 @@ def _batch_for(one_call_s: float, min_sample_s: float) -> int:
     return int(min(1000, max(1, math.ceil(min_sample_s / one_call_s))))
 
 
-def _cuda_sampler(calls, device, mode, opts, cache_bytes) -> _Sampler:
+def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
     import torch
 
     idx = torch.device(device).index  # "cuda" alone means the current device
@@ -267,7 +273,7 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes) -> _Sampler:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            warm = _warm(calls, side.synchronize, 0.0)
+            warm = _warm(calls, side.synchronize, 0.0, agreed)
         torch.cuda.current_stream().wait_stream(side)
         n = opts.graph_calls or max(k, 16)
         graph = torch.cuda.CUDAGraph()
@@ -277,7 +283,7 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes) -> _Sampler:
                     calls[j % k]()
         except Exception as e:  # capture errors are the case's, report them plainly
             raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {e}") from e
-        warm += _warm([graph.replay], sync, opts.warmup_s) * n
+        warm += _warm([graph.replay], sync, opts.warmup_s, agreed) * n
 
         def take() -> float:
             start.record()
@@ -287,7 +293,7 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes) -> _Sampler:
 
         return _Sampler(take, mode, "cuda-events", n, k, warm, 0, notes)
 
-    warm = _warm(calls, sync, opts.warmup_s)
+    warm = _warm(calls, sync, opts.warmup_s, agreed)
     if mode == "cold":
         nbytes = 2 * (cache_bytes or _FALLBACK_CACHE_BYTES)
         if not cache_bytes:
@@ -309,7 +315,7 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes) -> _Sampler:
     start.record()
     calls[0]()
     end.record()
-    batch = _batch_for(elapsed_s(), opts.min_sample_s)
+    batch = _batch_for(agreed(elapsed_s()), opts.min_sample_s)
 
     def take() -> float:
         start.record()
@@ -322,16 +328,16 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes) -> _Sampler:
     return _Sampler(take, mode, "cuda-events", batch, k, warm, 0, notes)
 
 
-def _cpu_sampler(calls, mode, opts, cache_bytes) -> _Sampler:
+def _cpu_sampler(calls, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
     import numpy as np
 
     k = len(calls)
     state = {"i": 0}
     notes: list[str] = []
-    warm = _warm(calls, lambda: None, opts.warmup_s)
+    warm = _warm(calls, lambda: None, opts.warmup_s, agreed)
     t0 = time.perf_counter_ns()
     calls[0]()
-    batch = _batch_for((time.perf_counter_ns() - t0) * 1e-9, opts.min_sample_s)
+    batch = _batch_for(agreed((time.perf_counter_ns() - t0) * 1e-9), opts.min_sample_s)
     flush = None
     nbytes = 0
     if mode == "cold":
@@ -353,13 +359,19 @@ def _cpu_sampler(calls, mode, opts, cache_bytes) -> _Sampler:
     return _Sampler(take, mode, "perf_counter_ns", batch, k, warm, nbytes, notes)
 
 
-def _prepare(calls: Sequence[Callable[[], Any]], device: str, opts: TimingOptions, cache_bytes: int | None) -> _Sampler:
+def _prepare(calls: Sequence[Callable[[], Any]], device: str, opts: TimingOptions, cache_bytes: int | None,
+             lockstep: Any = None) -> _Sampler:
     if not calls:
         raise ValueError("measure() needs at least one callable")
     mode = opts.resolved_mode(device)
+    agreed = (lambda x: lockstep.max(x)[0]) if lockstep is not None else _same
     if _is_cuda(device):
-        return _cuda_sampler(list(calls), device, mode, opts, cache_bytes)
-    return _cpu_sampler(list(calls), mode, opts, cache_bytes)
+        s = _cuda_sampler(list(calls), device, mode, opts, cache_bytes, agreed)
+    else:
+        s = _cpu_sampler(list(calls), mode, opts, cache_bytes, agreed)
+    if lockstep is not None:
+        s.take = lockstep.track(s.take)
+    return s
 
 
 def _measurement(s: _Sampler, device: str, samples: list[float], reason: str, elapsed: float) -> Measurement:
@@ -376,17 +388,23 @@ def measure(
     device: str = "cpu",
     options: TimingOptions | None = None,
     cache_bytes: int | None = None,
+    lockstep: Any = None,
 ) -> Measurement:
     """Time a zero-argument callable (or several bound to rotating input copies).
 
     ``device`` is ``"cpu"`` or ``"cuda[:N]"``; ``cache_bytes`` is the L2 (CUDA) or
     last-level cache (CPU) size used for flushing, ``None`` = unknown (a large fallback
-    is flushed and a note recorded). Exceptions from the callable propagate.
+    is flushed and a note recorded). ``lockstep`` (a :class:`microbench.distributed.Lockstep`,
+    on every rank of a multi-rank case) makes the ranks sample together: the samples are
+    the slowest rank's, and warm-up, batch size and the stopping decision are agreed.
+    Exceptions from the callable propagate.
     """
     opts = options or TimingOptions()
     calls = [calls] if callable(calls) else list(calls)
-    s = _prepare(calls, device, opts, cache_bytes)
-    samples, reason, elapsed = run_until_stable(s.take, opts)
+    s = _prepare(calls, device, opts, cache_bytes, lockstep)
+    if lockstep is not None:
+        lockstep.begin()
+    samples, reason, elapsed = run_until_stable(s.take, opts, *((lockstep.clock,) if lockstep else ()))
     return _measurement(s, device, samples, reason, elapsed)
 
 
@@ -396,9 +414,14 @@ def measure_interleaved(
     device: str = "cpu",
     options: TimingOptions | None = None,
     cache_bytes: int | None = None,
+    lockstep: Any = None,
 ) -> list[Measurement]:
-    """Time several variants alternately (A B A B ...) so drift hits all of them alike."""
+    """Time several variants alternately (A B A B ...) so drift hits all of them alike
+    (``lockstep`` as for :func:`measure`)."""
     opts = options or TimingOptions()
-    samplers = [_prepare(list(c), device, opts, cache_bytes) for c in call_sets]
-    all_samples, reason, elapsed = run_interleaved([s.take for s in samplers], opts)
+    samplers = [_prepare(list(c), device, opts, cache_bytes, lockstep) for c in call_sets]
+    if lockstep is not None:
+        lockstep.begin()
+    all_samples, reason, elapsed = run_interleaved([s.take for s in samplers], opts,
+                                                   *((lockstep.clock,) if lockstep else ()))
     return [_measurement(s, device, xs, reason, elapsed) for s, xs in zip(samplers, all_samples)]

@@ -29,7 +29,7 @@ def mb_bench(benchmark, cache_bytes, request):
     budget = request.config.getoption("--mb-budget-s")
 
     def run(case, point, variant):
-        opts = TimingOptions(mode=case.timing_mode, budget_s=budget)
+        opts = TimingOptions(mode=case.point_timing_mode(point), budget_s=budget)
         return bench_case(benchmark, case, point, variant, device=DEVICE, cache_bytes=cache_bytes, options=opts)
 
     return run

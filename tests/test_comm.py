@@ -1,0 +1,324 @@
+"""The allreduce cases and the multi-rank runner: exact sums, lock-step timing, the
+torchrun launcher with 2 and 8 gloo ranks, the cross-rank merge, a wrong rank, a rank
+that raises, a rank that dies and a rank that quietly leaves, and every bad input."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from microbench import distributed
+from microbench.cases.comm import AllReduceCase, AllReduceSweepCase, allreduce_times, parse_bytes
+from microbench.cli import main
+from microbench.kernels.allreduce import allreduce_ref, rank_input, value_range
+from microbench.report import collective_tables, render
+from microbench.runner import RunOptions, Runner, plan
+from microbench.timing import TimingOptions, measure
+
+from .helpers import DEVICE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+FAST = TimingOptions(budget_s=0.05, max_noise=0.05)
+
+
+def _files(d):
+    return sorted(glob.glob(os.path.join(str(d), "*.json")))
+
+
+def _doc(d):
+    (path,) = _files(d)
+    return json.load(open(path))
+
+
+# --------------------------------------------------------------------------- inputs, reference
+
+
+@pytest.mark.parametrize(("text", "want"), [("8", 8), ("4K", 4096), ("1MiB", 1 << 20), ("64M", 64 << 20),
+                                             ("2 kb", 2048)])
+def test_sizes_parse_with_units(text, want):
+    assert parse_bytes(text) == want
+
+
+@pytest.mark.parametrize(("text", "message"), [("3", "multiple of the element size"), ("0", "positive multiple"),
+                                                ("1.5K", "not a size"), ("8X", "not a size")])
+def test_bad_sizes_say_why(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_integer_inputs_give_an_exact_sum_in_any_order(world, dtype):
+    count = 1001  # odd
+    xs = [rank_input(count, r, world, 5, dtype, "cpu") for r in range(world)]
+    assert all(bool((x != 0).any()) for x in xs) and all(x.dtype == dtype for x in xs)
+    assert all(float(x.float().abs().max()) <= value_range(world, dtype) or r + 1 > value_range(world, dtype)
+               for r, x in enumerate(xs))
+    want = allreduce_ref(count, world, 5, dtype, "cpu")
+    forward, backward = torch.zeros(count, dtype=dtype), torch.zeros(count, dtype=dtype)
+    for x in xs:  # the partial sums stay exact in the low-precision dtype, in either order
+        forward += x
+    for x in reversed(xs):
+        backward += x
+    assert torch.equal(forward.float(), want) and torch.equal(backward.float(), want)
+    # another seed, other inputs; the same seed, the same inputs
+    assert not torch.equal(rank_input(count, 0, world, 6, dtype, "cpu"), xs[0])
+    assert torch.equal(rank_input(count, 0, world, 5, dtype, "cpu"), xs[0])
+
+
+def test_a_world_too_large_for_exact_sums_is_refused():
+    assert value_range(64, torch.bfloat16) == 4 and value_range(100, torch.bfloat16) == 2
+    assert value_range(300, torch.bfloat16) == 0
+    with pytest.raises(ValueError, match="world size 300"):
+        rank_input(8, 0, 300, 0, torch.bfloat16, "cpu")
+
+
+def test_the_model_case_takes_hidden_from_the_config_and_the_sweep_any_size():
+    c = AllReduceCase()
+    assert c._count({"tokens": 4, "dtype": "bf16"}) == (4 * 7168, torch.bfloat16)
+    assert c.axes("verify", "cuda")["tokens"] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert c.axes("verify", "cuda")["capture"] == ["eager", "graph"] and c.axes("smoke", "cpu")["capture"] == ["eager"]
+    s = AllReduceSweepCase()
+    sweep = s.axes("verify", "cuda")["bytes"]
+    assert sweep[0] == 8 and sweep[-1] == 64 << 20 and len(sweep) == 24
+    assert s.parse_axis_value("bytes", "3K") == 3072
+    with pytest.raises(ValueError):
+        s.parse_axis_value("bytes", "3")
+    assert s.skip({"bytes": 8, "dtype": "bf16", "capture": "graph"}, "cpu") == "CUDA graphs need a CUDA device"
+    names = [v.name for v in s.variants()]
+    assert names == ["torch-ip", "torch-oop", "cupy-ip", "cupy-oop", "oneshot-ip", "oneshot-oop", "twoshot-ip",
+                     "twoshot-oop"]
+    point = {"bytes": 8, "dtype": "bf16", "capture": "eager"}
+    for n in names[2:]:  # no GPU here: each says why
+        assert "CUDA" in s.skip_variant(n, point, "cpu")
+    assert s.skip_variant("torch-ip", point, "cpu") is None
+
+
+# --------------------------------------------------------------------------- a world of one, in process
+
+
+@pytest.fixture(scope="module")
+def solo():
+    return distributed.solo_world(DEVICE)  # gloo on CPU, NCCL on a GPU
+
+
+def test_world_of_one_runs_both_torch_paths_gated_and_timed(solo):
+    case = AllReduceSweepCase()
+    opts = RunOptions(suite="smoke", device=solo.device, timing=FAST, probe=False, world=solo,
+                      axis_picks={"bytes": ["8", "3000"], "capture": ["eager"]}, variants=["torch-ip", "torch-oop"])
+    recs = Runner(opts, None, progress=lambda line: None).run(plan([case], opts))
+    ok = [r for r in recs if r["status"] == "OK"]
+    assert {(r["axes"]["bytes"], r["variant"]) for r in ok} == {(8, "torch-ip"), (8, "torch-oop"),
+                                                                (3000, "torch-ip"), (3000, "torch-oop")}
+    for r in ok:
+        assert r["wrong"] == 0 and r["facts"]["world_size"] == 1 and r["facts"]["count"] == r["axes"]["bytes"] // 2
+        assert r["timing"]["mode"] == "hot" and r["ranks"][0]["rank"] == 0 and r["tags"]["path"] == "torch"
+    times = allreduce_times(recs)
+    assert times[("torch-ip", "eager", 1)] == sorted(times[("torch-ip", "eager", 1)]) and len(times) == 2
+    text = render({"run": {"device": solo.device, "suite": "smoke"}, "fingerprint": {}, "records": recs})
+    assert f"== comm.allreduce_sweep == eager, 1 rank(s) ({solo.backend})" in text and "busbw (GB/s)" in text
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's reasons")
+def test_paths_that_need_a_gpu_say_so_under_the_table(solo):
+    opts = RunOptions(suite="smoke", device="cpu", timing=FAST, probe=False, world=solo, axis_picks={"bytes": ["8"]},
+                      variants=["torch-ip", "cupy-ip", "oneshot-oop"])
+    recs = Runner(opts, None, progress=lambda line: None).run(plan([AllReduceSweepCase()], opts))
+    text = render({"run": {"device": "cpu", "suite": "smoke"}, "fingerprint": {}, "records": recs})
+    assert "not run: cupy: NCCL through CuPy needs CUDA devices" in text
+    assert "not run: oneshot: symmetric memory needs CUDA devices" in text
+
+
+@pytest.mark.gpu
+def test_every_path_on_one_gpu_eager_and_in_a_graph(solo):
+    """World size 1 on the GPU: each path's fixed cost per call, eager and replayed. torch's
+    path must pass; CuPy and symmetric memory pass or say why they cannot run here."""
+    opts = RunOptions(suite="verify", device=solo.device, timing=FAST, probe=False, world=solo,
+                      axis_picks={"bytes": ["8", "1M"]})
+    recs = Runner(opts, None, progress=lambda line: None).run(plan([AllReduceSweepCase()], opts))
+    assert len(recs) == 2 * 2 * 8
+    for r in recs:
+        if r["variant"].startswith("torch"):
+            assert r["status"] == "OK", r["reason"]
+        else:
+            assert r["status"] in ("OK", "SKIPPED"), (r["variant"], r["axes"], r["reason"])
+        if r["status"] == "OK":
+            assert r["wrong"] == 0 and r["timing"]["mode"] == {"eager": "hot", "graph": "graph"}[r["axes"]["capture"]]
+
+
+def test_lockstep_at_world_one_is_the_plain_engine(solo):
+    lock = solo.lockstep()
+    m = measure(lambda: sum(range(200)), device="cpu", options=TimingOptions(mode="hot", budget_s=0.05), lockstep=lock)
+    assert len(lock.local) == 1 and lock.local[0] == m.samples_s  # one rank: its samples are the slowest's
+    assert lock.max(1.0, 2.0) == [1.0, 2.0]
+
+
+def test_a_wrong_inplace_path_is_failed_with_its_wrong_count(solo):
+    from microbench.case import Variant
+
+    class Off(AllReduceSweepCase):
+        def variants(self):
+            def off(x, group):
+                x[1::2] += 1
+                return x
+
+            return [Variant("torch-ip", off, tags={"path": "off", "placement": "in-place"})]
+
+    opts = RunOptions(suite="smoke", device=solo.device, timing=FAST, probe=False, world=solo,
+                      axis_picks={"bytes": ["16"], "capture": ["eager"]})
+    (r,) = Runner(opts, None, progress=lambda line: None).run(plan([Off()], opts))
+    assert r["status"] == "FAILED" and r["wrong"] == 4 and "4/8 elements off" in r["reason"] and r["timing"] is None
+
+
+def test_collective_table_counts_busbw_over_n_ranks():
+    def rec(variant, placement, t, status="OK"):
+        return {"case": "comm.x", "axes": {"bytes": 1 << 20, "dtype": "bf16", "capture": "graph"}, "variant": variant,
+                "status": status, "reason": None if status == "OK" else "why", "wrong": 0,
+                "tags": {"path": "torch", "placement": placement},
+                "facts": {"collective": "allreduce", "bytes": 1 << 20, "count": 1 << 19, "dtype": "bf16",
+                          "redop": "sum", "world_size": 8, "backend": "nccl"},
+                "timing": {"summary": {"median": t, "rel_noise": 0.01}} if status == "OK" else None}
+
+    text = collective_tables("== comm.x ==", [rec("torch-oop", "out-of-place", 100e-6),
+                                             rec("torch-ip", "in-place", 50e-6)], "simple", False)
+    assert "graph, 8 rank(s) (nccl)" in text
+    row = next(line for line in text.splitlines() if line.startswith("1048576"))
+    cells = row.split()
+    # oop: 100 us -> algbw 10.49 GB/s, busbw x 2*7/8 = 18.35; ip: 50 us -> 20.97, 36.70
+    assert cells[5:10] == ["100.00", "1.0%", "10.49", "18.35", "0"]
+    assert cells[10:15] == ["50.00", "1.0%", "20.97", "36.70", "0"]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--backend", "mpi"], "unknown backend 'mpi'"),
+    (["--backend", "nccl"], "backend nccl needs CUDA devices"),
+    (["--nproc", "0"], "need at least one rank"),
+    (["--axis", "bytes=3"], "axis bytes=3: 3 bytes is not a positive multiple of the element size"),
+    (["--axis", "bytes=lots"], "'lots' is not a size"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
+    assert main(["run", "--case", "comm.allreduce_sweep", "--device", "cpu", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not _files(tmp_path)
+
+
+def test_more_ranks_than_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(distributed.WorldError, match="more ranks than CUDA devices"):
+        distributed.check_nproc(8, "cuda")
+    distributed.check_nproc(8, "cpu")  # gloo processes: any number
+
+
+# --------------------------------------------------------------------------- several ranks, under torchrun
+
+
+def _run(argv, timeout=300):
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "microbench", *argv], capture_output=True, text=True, cwd=ROOT,
+                       env=ENV, timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+@pytest.mark.multirank
+def test_run_starts_torchrun_with_two_ranks_and_merges_rank_zero_into_its_file(tmp_path):
+    p, _ = _run(["run", "--device", "cpu", "--case", "comm.allreduce,comm.allreduce_sweep,norm.rmsnorm",
+                 "--axis", "bytes=8,4K", "--axis", "tokens=1", "--axis", "norm=kv_a", "--nproc", "2",
+                 "--budget-s", "0.03", "--repeat", "1", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "torch.distributed.run" in p.stderr and "--nproc-per-node=2" in p.stderr
+    for title in ("== comm.allreduce == eager, 2 rank(s) (gloo)", "== comm.allreduce_sweep == eager, 2 rank(s) (gloo)",
+                  "== norm.rmsnorm =="):
+        assert title in p.stdout
+    doc = _doc(tmp_path)  # one file: the single-rank case and both multi-rank ones
+    assert doc["run"]["complete"] and doc["run"]["world"] == {"world_size": 2, "backend": "gloo",
+                                                               "launcher": "torchrun"}
+    assert [x["rank"] for x in doc["ranks"]] == [0, 1] and all(x["fingerprint"]["host"] for x in doc["ranks"])
+    comm = [r for r in doc["records"] if r["case"].startswith("comm.")]
+    ok = [r for r in comm if r["status"] == "OK"]
+    assert {r["variant"] for r in ok} == {"torch-ip", "torch-oop"} and len(ok) == 2 * 3
+    for r in ok:
+        assert r["wrong"] == 0 and r["facts"]["world_size"] == 2 and len(r["ranks"]) == 2
+        # each recorded sample is the slowest rank's, so its median is at least every rank's own
+        assert max(x["median_s"] for x in r["ranks"]) <= r["timing"]["summary"]["median"] + 1e-12
+    assert {r["status"] for r in comm if r["variant"].startswith(("cupy", "oneshot"))} == {"SKIPPED"}
+    assert any(r["case"] == "norm.rmsnorm" and r["status"] == "OK" for r in doc["records"])
+
+
+@pytest.mark.multirank
+def test_eight_gloo_ranks_gate_and_time_every_cpu_path(tmp_path):
+    p, _ = _run(["run", "--device", "cpu", "--case", "comm.allreduce_sweep", "--axis", "bytes=8,2K",
+                 "--variant", "torch-ip,torch-oop", "--nproc", "8", "--budget-s", "0.02", "--repeat", "1",
+                 "--no-probe", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "eager, 8 rank(s) (gloo)" in p.stdout
+    doc = _doc(tmp_path)
+    assert len(doc["ranks"]) == 8
+    recs = doc["records"]
+    assert len(recs) == 4 and {r["status"] for r in recs} == {"OK"}
+    assert all(r["wrong"] == 0 and len(r["ranks"]) == 8 and r["facts"]["world_size"] == 8 for r in recs)
+
+
+def _worker(mode, out, nproc=2, timeout_s=20):
+    cmd = distributed.torchrun_command(nproc, [])[:-3] + [os.path.join(ROOT, "tests", "dist_worker.py"), mode,
+                                                          str(out), str(timeout_s)]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=240)
+    return p, time.monotonic() - t0
+
+
+@pytest.mark.multirank
+def test_a_rank_with_a_wrong_sum_fails_the_variant_everywhere_and_the_run_goes_on(tmp_path):
+    p, _ = _worker("wrong", tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = _doc(tmp_path)["records"]
+    odd = [r for r in recs if r["variant"] == "odd"]
+    assert [r["status"] for r in odd] == ["FAILED", "FAILED"] and [r["wrong"] for r in odd] == [1, 1]
+    assert all("rank 1:" in r["reason"] for r in odd)
+    assert [r["status"] for r in recs if r["variant"] == "torch-ip"] == ["OK", "OK"]
+
+
+@pytest.mark.multirank
+def test_a_rank_that_raises_after_the_collective_fails_the_variant_not_the_run(tmp_path):
+    p, _ = _worker("raise-after", tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = _doc(tmp_path)["records"]
+    assert [r["status"] for r in recs] == ["OK", "FAILED", "OK", "FAILED"]
+    assert "rank 1: RuntimeError: raised after the collective" in recs[1]["reason"]
+
+
+@pytest.mark.multirank
+def test_a_rank_that_dies_stops_every_rank_quickly_and_keeps_the_file(tmp_path):
+    p, elapsed = _worker("exit", tmp_path)
+    assert p.returncode != 0 and elapsed < 60
+    assert "exitcode" in p.stderr and "7" in p.stderr  # torchrun names the rank that died
+    doc = _doc(tmp_path)
+    assert doc["run"]["complete"] is False
+
+
+@pytest.mark.multirank
+def test_a_rank_that_quietly_leaves_is_noticed_within_the_timeout(tmp_path):
+    p, elapsed = _worker("exit0", tmp_path, timeout_s=4)
+    assert p.returncode != 0 and elapsed < 60, p.stderr[-2000:]
+    assert "rank(s) 1 did not reach" in p.stderr and "stopping every rank" in p.stderr
+    doc = _doc(tmp_path)
+    assert doc["run"]["complete"] is False and "did not reach" in doc["run"]["error"]
+
+
+@pytest.mark.multirank
+def test_under_torchrun_only_multi_rank_cases_run(tmp_path):
+    cmd = distributed.torchrun_command(2, ["run", "--device", "cpu", "--case", "norm.rmsnorm", "--out", str(tmp_path)])
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=240)
+    assert p.returncode != 0
+    assert p.stderr.count("microbench: error: no multi-rank case selected") == 1  # one line, from rank 0
