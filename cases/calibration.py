@@ -100,29 +100,67 @@ def _triton_empty(x: torch.Tensor) -> None:
     empty_launch(x)
 
 
+def _cupy_empty(x: torch.Tensor) -> None:
+    from microbench.kernels.launch import cupy_empty_launch
+
+    cupy_empty_launch(x)
+
+
 def _torch_tiny(x: torch.Tensor) -> None:
     x.add_(0.0)
 
 
+def _python_noop(x: torch.Tensor) -> None:
+    return None
+
+
+#: capture axis value -> the timing mode it forces
+_CAPTURE = {"eager": "hot", "graph": "graph"}
+
+
 class LaunchFloor(Case):
     """The cost of one launch, back to back: x [1] fp32 (nothing to check: the kernels do
-    no work). Triton's floor includes its Python launcher; torch's, its dispatcher."""
+    no work). Four layers of it: a Python call that does nothing (the interpreter), an
+    empty CuPy RawKernel (the driver), a one-element torch op (+ the torch dispatcher) and
+    an empty Triton kernel (+ Triton's launcher). ``capture=graph`` replays N launches
+    from a CUDA graph: what is left is the GPU's own per-kernel floor, and eager minus
+    graph is the host's share."""
 
     id = "calibration.launch"
-    title = "launch floor (eager, back to back)"
+    title = "launch floor: interpreter, driver, torch, Triton; eager and from a graph"
     baseline = "torch_tiny_op"
     order = 2
     ceiling = "launch_s"
-    timing_mode = "hot"
 
     def variants(self) -> Sequence[Variant]:
         return [
+            Variant("python_noop", _python_noop, doc="a Python function call that does nothing: the interpreter"),
+            Variant("cupy_empty", _cupy_empty, devices=("cuda",),
+                    doc="an empty cupy.RawKernel on torch's stream: the driver's launch path"),
             Variant("torch_tiny_op", _torch_tiny, doc="x.add_(0) on one element: the torch dispatcher + one kernel"),
             Variant("triton_empty", _triton_empty, doc="an empty @triton.jit kernel on one program"),
         ]
 
     def axes(self, suite: str, device: str = "cuda") -> Mapping[str, Sequence[Any]]:
-        return {"grid": [1]} if suite in ("smoke", "verify") else {}
+        if suite not in ("smoke", "verify"):
+            return {}
+        return {"grid": [1], "capture": list(_CAPTURE) if on_cuda(device) else ["eager"]}
+
+    def point_timing_mode(self, point: Point) -> str | None:
+        return _CAPTURE[point.get("capture", "eager")]
+
+    def skip_variant(self, variant: str, point: Point, device: str) -> str | None:
+        if variant == "python_noop" and point.get("capture") == "graph":
+            return "a Python call puts no work on the GPU: nothing to capture"
+        if variant == "cupy_empty":
+            from microbench.kernels.launch import cupy_unavailable
+
+            return cupy_unavailable() if on_cuda(device) else "CuPy kernels need a CUDA device"
+        return None
+
+    def counts_for_ceiling(self, record: dict[str, Any]) -> bool:
+        # the eager launch floor the tables quote is a real kernel's, launched from Python
+        return record["variant"] == self.baseline and record["axes"].get("capture", "eager") == "eager"
 
     def setup(self, point: Point, device: str, seed: int) -> Workload:
         return Workload({"x": randn((1,), torch.float32, device, seed)}, {}, Cost(bytes=0))

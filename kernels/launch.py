@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 from microbench.kernels.checks import require_runnable
 
-__all__ = ["empty_launch"]
+__all__ = ["cupy_empty_launch", "cupy_unavailable", "empty_launch"]
 
 
 # --------------------------------------------------------------------------------------
@@ -65,3 +65,39 @@ def empty_launch(x: Tensor) -> None:
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     require_runnable(_empty_kernel, x)
     _empty_kernel[(1,)](x, num_warps=1)
+
+
+# --------------------------------------------------------------------------------------
+# The same empty launch through CuPy: the driver path without Triton's launcher
+# --------------------------------------------------------------------------------------
+
+_CUPY_EMPTY_SOURCE = r'extern "C" __global__ void microbench_empty(const float* x) {}'
+_cupy_state: dict = {}
+
+
+def cupy_unavailable() -> str | None:
+    """Why the CuPy RawKernel launch cannot run here, or None."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure is a reason
+        return f"CuPy is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def cupy_empty_launch(x: Tensor) -> None:
+    """An empty ``cupy.RawKernel`` (one block of one thread, one pointer argument) on
+    torch's current stream — inside a CUDA graph capture, the capture stream, so the
+    graph records it. Compiled once (NVRTC), on the first call."""
+    import cupy
+    import torch
+
+    kernel = _cupy_state.get("kernel")
+    if kernel is None:
+        kernel = _cupy_state["kernel"] = cupy.RawKernel(_CUPY_EMPTY_SOURCE, "microbench_empty")
+    ptr = torch.cuda.current_stream(x.device).cuda_stream
+    streams = _cupy_state.setdefault("streams", {})
+    stream = streams.get(ptr)
+    if stream is None:
+        stream = streams[ptr] = cupy.cuda.ExternalStream(ptr)
+    with cupy.cuda.Device(x.device.index or 0), stream:
+        kernel((1,), (1,), (x.data_ptr(),))

@@ -115,6 +115,10 @@ class Case:
         """A reason when the point is invalid or unsupported on ``device``, else None."""
         return None
 
+    def counts_for_ceiling(self, record: dict[str, Any]) -> bool:
+        """Whether an OK record of a calibration case may set its ceiling (default: all)."""
+        return True
+
     def point_timing_mode(self, point: Point) -> str | None:
         """The timing mode this point forces (e.g. an eager/graph axis), else the case's."""
         return self.timing_mode

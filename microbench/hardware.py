@@ -15,7 +15,8 @@ too.  Schema (units are checked, so "GB/s" cannot slip in where "B/s" is meant):
         "l2_bytes":         {"value": 62914560, "unit": "B",     "source": "..."},  # required
         "sm_count":         {"value": 132,     "unit": "count",  "source": "..."},  # required
         "memory_bytes":     {"value": 141e9,   "unit": "B",      "source": "..."},  # required
-        "launch_overhead":  {"value": 4e-6,    "unit": "s",      "source": "..."}   # optional
+        "launch_overhead":  {"value": 4e-6,    "unit": "s",      "source": "..."},  # optional (the step model needs it)
+        "kernel_floor":     {"value": 2e-6,    "unit": "s",      "source": "..."}   # optional (the step model needs it)
       },
       "int4_note": "optional text: which units run INT4 weight-only GEMMs",
       "measured": {"copy_bandwidth": {...}, "bf16_matmul_flops": {...}},  # optional ceilings seen in real runs
@@ -51,6 +52,7 @@ _FIGURES: dict[str, tuple[str, bool]] = {
     "sm_count": ("count", True),
     "memory_bytes": ("B", True),
     "launch_overhead": ("s", False),
+    "kernel_floor": ("s", False),
 }
 _INTERCONNECT_FIGURES = {"bandwidth_per_direction": "B/s", "latency": "s"}
 _INTERCONNECT_KINDS = ("nvlink", "pcie")
@@ -90,6 +92,7 @@ class HardwareProfile:
     fp8_dense_flops: Figure | None = None
     int4_note: str | None = None
     launch_overhead: Figure | None = None
+    kernel_floor: Figure | None = None  # the shortest a kernel takes on the GPU, replayed
     measured: dict[str, Figure] = field(default_factory=dict)
 
     def peak_flops(self, dtype: str) -> Figure | None:
@@ -184,11 +187,13 @@ def list_profiles() -> list[str]:
 
 
 def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
-    """A shipped profile by name (``"h200-sxm"``) or a profile JSON at a path."""
+    """A shipped profile by name (``"h200-sxm"``, or a prefix naming one: ``"h200"``) or a
+    profile JSON at a path."""
     shipped = _shipped("hardware")
     key = os.fspath(name_or_path)
-    if key in shipped:
-        path = shipped[key]
+    prefixed = [n for n in shipped if n.startswith(key)] if key else []
+    if key in shipped or len(prefixed) == 1:
+        path = shipped[key if key in shipped else prefixed[0]]
     elif key.endswith(".json") or os.sep in key or os.path.exists(key):
         path = key
     else:

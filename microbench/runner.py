@@ -125,7 +125,7 @@ class Runner:
             rec["pct_of_floor"] = 100.0 * floor / t
 
     def _update_ceilings(self, case: Case, recs: list[dict[str, Any]]) -> None:
-        ok = [r for r in recs if r["status"] == "OK"]
+        ok = [r for r in recs if r["status"] == "OK" and case.counts_for_ceiling(r)]
         if not case.ceiling or not ok:
             return
         src = f"{case.id} in this run"

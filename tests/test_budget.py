@@ -1,0 +1,222 @@
+"""The step-time model: its arithmetic on hand-computed inputs, result files replacing
+estimates, the launch model, the throughput summary, profiles and every bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from microbench.budget import Scenario, budget, render
+from microbench.cli import main
+from microbench.hardware import load_profile
+from microbench.measured import Measured
+from microbench.models import ConfigError, ParallelLayout, load_model
+
+#: round numbers, so every expected value below is worked out by hand
+PROFILE = {
+    "name": "round", "description": "round figures for hand-checked budgets",
+    "figures": {
+        "memory_bandwidth": {"value": 1e12, "unit": "B/s", "source": "test"},
+        "bf16_dense_flops": {"value": 1e15, "unit": "FLOP/s", "source": "test"},
+        "l2_bytes": {"value": 1e6, "unit": "B", "source": "test"},
+        "sm_count": {"value": 100, "unit": "count", "source": "test"},
+        "memory_bytes": {"value": 1e11, "unit": "B", "source": "test"},
+        "launch_overhead": {"value": 5e-6, "unit": "s", "source": "test"},
+        "kernel_floor": {"value": 1e-6, "unit": "s", "source": "test"},
+    },
+    "interconnect": {"kind": "nvlink", "bandwidth_per_direction": {"value": 1e11, "unit": "B/s", "source": "test"},
+                     "latency": {"value": 1e-5, "unit": "s", "source": "test"}},
+    "match": ["ROUND"],
+}
+
+
+@pytest.fixture
+def round_hw(tmp_path):
+    p = tmp_path / "round.json"
+    p.write_text(json.dumps(PROFILE))
+    return load_profile(str(p))
+
+
+def _scenario(hw, **kw):
+    return Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(8, 1), hw=hw, **kw)
+
+
+def _line(lines, prefix):
+    return next(x for x in lines if x.name.startswith(prefix))
+
+
+def test_hand_computed_lines(round_hw):
+    b = budget(_scenario(round_hw, batch=1, context=4096, draft_tokens=3))
+    moe = b.moe_layer
+    # allreduce of one token (14,336 B) at 8 ranks: alpha + 2*7/8 * bytes / beta, twice per layer
+    one = 1e-5 + 2 * 7 / 8 * 14336 / 1e11
+    assert _line(moe, "allreduce").seconds("decode", "graph") == pytest.approx(2 * one)
+    # T = 1 touches exactly 8 experts; INT4: 3*7168*256 weights at 1/2 byte + a bf16 scale per 32
+    per_expert = 3 * 7168 * 256 / 2 + 3 * 7168 * 256 / 32 * 2
+    assert _line(moe, "routed experts").seconds("decode", "graph") == pytest.approx(
+        (8 * per_expert + 2 * 7168 * 2) / 1e12)
+    # verify scores 4 tokens: 384 * (1 - (376/384)^4) experts
+    touched = 384 * (1 - (376 / 384) ** 4)
+    assert _line(moe, "routed experts").seconds("verify", "graph") == pytest.approx(
+        (touched * per_expert + 2 * 4 * 7168 * 2) / 1e12)
+    # lm_head: [1, 7168] x [7168, 163840/8] bf16 + the final norm, memory-bound
+    head = _line(b.step, "final norm + lm_head").seconds("decode", "graph")
+    assert head == pytest.approx(((7168 * 20480 + 7168 + 20480) * 2 + 2 * 7168 * 2) / 1e12)
+    # the extend kernel streams the 576-wide latent of 4096 tokens once per head (8 heads)
+    att = _line(moe, "attention core").seconds("verify", "graph")
+    assert att == pytest.approx((4096 * 576 * 8 + 4 * 8 * (576 + 512)) * 2 / 1e12)
+    att_v = _line(budget(_scenario(round_hw, attention="verify")).moe_layer, "attention core")
+    assert att_v.seconds("verify", "graph") == pytest.approx((4096 * 576 + 4 * 8 * (576 + 512)) * 2 / 1e12)
+
+
+def test_layers_steps_launches_and_throughput_compose(round_hw):
+    b = budget(_scenario(round_hw, batch=2, accept_len=2.5, draft_s=1e-3))
+    for p in ("decode", "verify"):
+        gpu = sum(x.seconds(p, "graph") for x in b.moe_layer[:-1])
+        assert b.totals["moe layer"][(p, "graph")] == pytest.approx(gpu)
+        launches = sum(x.launches[p] for x in b.moe_layer[:-1])
+        assert b.totals["moe layer"][(p, "eager")] == pytest.approx(max(gpu, launches * 5e-6))
+        assert b.moe_layer[-1].seconds(p, "eager") == pytest.approx(max(0.0, launches * 5e-6 - gpu))
+        step = (60 * b.totals["moe layer"][(p, "graph")] + 1 * b.totals["dense layer"][(p, "graph")]
+                + sum(x.seconds(p, "graph") for x in b.step))
+        assert b.totals["step"][(p, "graph")] == pytest.approx(step)
+    assert _line(b.moe_layer, "attention core").launches == {"decode": 2, "verify": 1}
+    s = b.summary("graph")
+    dec, ver = b.totals["step"][("decode", "graph")], b.totals["step"][("verify", "graph")]
+    assert s["decode_tok_s"] == pytest.approx(2 / dec)
+    assert s["spec_tok_s"] == pytest.approx(2 * 2.5 / (1e-3 + ver))
+    assert s["break_even_accept_len"] == pytest.approx((1e-3 + ver) / dec)
+    # the estimated draft phase: 3 x (a dense layer + lm_head at the decode batch)
+    est = budget(_scenario(round_hw, batch=2))
+    d = est.totals["draft"][("decode", "graph")]
+    assert d == pytest.approx(3 * (est.totals["dense layer"][("decode", "graph")]
+                                   + sum(x.seconds("decode", "graph") for x in est.step)))
+
+
+def _gpu_doc(records, device="cuda"):
+    return {"schema": "microbench.result", "schema_version": 1, "run": {"id": "gpu-run", "device": device},
+            "fingerprint": {"device": {"name": "NVIDIA H200"}}, "records": records}
+
+
+def _rec(case, variant, axes, median, facts=None):
+    return {"case": case, "variant": variant, "axes": axes, "status": "OK", "facts": facts,
+            "timing": {"summary": {"median": median, "rel_noise": 0.01, "count": 10}, "stop_reason": "noise"}}
+
+
+def test_result_records_replace_estimates_and_say_so(round_hw):
+    recs = [
+        _rec("attention.mla_verify", "extend", {"batch": 1, "draft_tokens": 4, "context": 4096, "page": 1,
+                                                 "dtype": "bf16"}, 50e-6),
+        _rec("moe.experts", "fused", {"layout": "kimi-tp8", "weights": "int4", "tokens": 1, "routing": "router",
+                                      "dtype": "bf16"}, 30e-6),
+        _rec("calibration.launch", "torch_tiny_op", {"grid": 1, "capture": "eager"}, 7e-6),
+        _rec("calibration.launch", "torch_tiny_op", {"grid": 1, "capture": "graph"}, 1.5e-6),
+    ]
+    for nbytes, t in ((8192, 10e-6), (32768, 20e-6)):
+        recs.append(_rec("comm.allreduce_sweep", "torch-ip", {"bytes": nbytes, "dtype": "bf16", "capture": "graph"}, t,
+                         facts={"collective": "allreduce", "bytes": nbytes, "world_size": 8}))
+    b = budget(_scenario(round_hw), Measured([_gpu_doc(recs)]))
+    att = _line(b.moe_layer, "attention core").cells[("verify", "graph")]
+    assert att.seconds == 50e-6 and att.source.startswith("measured: attention.mla_verify extend")
+    assert "on NVIDIA H200" in att.source
+    assert _line(b.moe_layer, "routed experts").cells[("decode", "eager")].seconds == 30e-6
+    assert _line(b.moe_layer, "routed experts").cells[("verify", "eager")].source.startswith("roofline")
+    ar = _line(b.moe_layer, "allreduce").cells[("decode", "graph")]
+    # 14,336 B lies between 8 KiB and 32 KiB: log-log interpolation, twice per layer
+    w = (math.log(14336) - math.log(8192)) / math.log(4)
+    assert ar.seconds == pytest.approx(2 * 10e-6 * 2 ** w) and "interpolated" in ar.source
+    assert _line(b.moe_layer, "allreduce").cells[("decode", "eager")].source.startswith("2 x alpha-beta")
+    assert b.launch_cost.seconds == 7e-6 and b.moe_layer[-1].cells[("decode", "eager")].source.count("7.00 us")
+    assert any("1.50 us per kernel from measured" in n for n in b.notes)
+    text = render(b)
+    assert "measured: attention.mla_verify extend" in text and "roofline on round" in text
+
+
+def test_a_cpu_result_file_is_not_used(round_hw):
+    doc = _gpu_doc([_rec("moe.experts", "fused", {"layout": "kimi-tp8", "weights": "int4", "tokens": 1,
+                                                  "routing": "router", "dtype": "bf16"}, 1.0)], device="cpu")
+    m = Measured([doc])
+    assert not m.records and "not a GPU: not used" in m.notes[0]
+    b = budget(_scenario(round_hw), m)
+    assert _line(b.moe_layer, "routed experts").cells[("decode", "graph")].source.startswith("roofline")
+
+
+@pytest.mark.parametrize("hw", ["h200", "rtx-pro-6000"])
+def test_the_cli_prints_decode_and_verify_eager_and_graph_with_sources(capsys, hw):
+    assert main(["model", "--model", "kimi-k2.5", "--tp", "8", "--hardware", hw]) == 0
+    out = capsys.readouterr().out
+    for col in ("decode eager (us)", "decode graph (us)", "verify eager (us)", "verify graph (us)", "source"):
+        assert col in out
+    assert "= step" in out and "break-even accept len" in out and "[1] roofline on" in out
+    assert ("nvlink" if hw == "h200" else "pcie") in out
+
+
+def test_the_cli_json_and_one_mode(capsys):
+    assert main(["model", "--hardware", "h200", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["scenario"]["hardware"] == "h200-sxm" and set(d["summary"]) == {"eager", "graph"}
+    assert main(["model", "--hardware", "h200", "--graph"]) == 0
+    out = capsys.readouterr().out
+    assert "graph (us)" in out and "eager (us)" not in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--accept-len", "0.5"], "--accept-len 0.5: must lie in [1, draft tokens + 1] = [1, 4]"),
+    (["--accept-len", "5"], "must lie in [1, draft tokens + 1]"),
+    (["--hardware", "tpu-v9"], "unknown hardware profile 'tpu-v9'"),
+    (["--model", "gpt-9"], "unknown model 'gpt-9'"),
+    (["--batch", "0"], "--batch must be at least 1"),
+    (["--attention", "flash"], "--attention 'flash'"),
+    (["--results", "/nonexistent.json"], "no such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    assert main(["model", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_a_profile_without_a_figure_the_budget_needs(capsys, tmp_path):
+    prof = json.loads(json.dumps(PROFILE))
+    del prof["figures"]["kernel_floor"]
+    p = tmp_path / "nofloor.json"
+    p.write_text(json.dumps(prof))
+    assert main(["model", "--hardware", str(p)]) == 2
+    assert "missing figure 'kernel_floor', which the budget needs" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="kernel_floor"):
+        budget(_scenario(load_profile(str(p))))
+
+
+# --------------------------------------------------------------------------- pictures
+
+
+def _png(path):
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_budget_bars_and_component_sums(round_hw, tmp_path):
+    pytest.importorskip("matplotlib")
+    from microbench.plots import budget_components, plot_budget
+
+    b = budget(_scenario(round_hw))
+    comps = budget_components(b)
+    for key in (("decode", "graph"), ("verify", "eager")):  # the stacks add up to the step
+        assert sum(c.get(key, 0.0) for c in comps.values()) == pytest.approx(b.totals["step"][key])
+    assert _png(plot_budget(b, str(tmp_path / "budget.png")))
+
+
+def test_the_cli_draws_a_budget_and_a_result_file(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    assert main(["model", "--hardware", "h200", "--plot", str(tmp_path / "b.png")]) == 0
+    assert _png(tmp_path / "b.png")
+    doc = _gpu_doc([_rec("attention.mla_verify", v, {"batch": 1, "draft_tokens": q, "context": 4096, "page": 1,
+                                                      "dtype": "bf16"}, t * q)
+                    for v, t in (("extend", 3e-5), ("verify", 1e-5)) for q in (1, 2, 4, 8)])
+    doc["run"].update(complete=True)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    assert main(["report", str(path), "--plot", str(tmp_path / "plots")]) == 0
+    assert _png(tmp_path / "plots" / "attention_mla_verify.png")
+    assert "plot:" in capsys.readouterr().err
