@@ -20,6 +20,7 @@ def all_cases() -> list[Case]:
     """Every shipped case, calibration first."""
     from microbench.cases.calibration import CopyBandwidth, LaunchFloor, MatmulRate
     from microbench.cases.comm import AllReduceCase, AllReduceSweepCase
+    from microbench.cases.layer import DecoderLayerCase
     from microbench.cases.mla import MLAVerifyCase
     from microbench.cases.moe import MoEAlignCase, MoEExpertsCase, MoERouterCase
     from microbench.cases.rmsnorm import RMSNormCase
@@ -27,7 +28,7 @@ def all_cases() -> list[Case]:
 
     cases: list[Case] = [CopyBandwidth(), MatmulRate(), LaunchFloor(), RMSNormCase(), MLAVerifyCase(),
                          MoERouterCase(), MoEAlignCase(), MoEExpertsCase(), AllReduceCase(), AllReduceSweepCase(),
-                         CpuWork()]
+                         DecoderLayerCase(),                          CpuWork()]
     return sorted(cases, key=lambda c: (c.order, c.id))
 
 

@@ -132,6 +132,17 @@ class Budget:
     totals: dict[str, dict[tuple[str, str], float]]  # "moe layer" / "dense layer" / "step" / "draft"
     launch_cost: Cell
     notes: list[str]
+    #: the composed layer as layer.decoder measured it, per (phase, mode), when a result has it
+    measured_layer: dict[tuple[str, str], Cell] = field(default_factory=dict)
+
+    def model_error(self, phase: str, mode: str) -> float | None:
+        """The model's MoE layer without its allreduce (the measured layer ran one rank,
+        with a stand-in) over the measured layer, minus 1; None without a measurement."""
+        got = self.measured_layer.get((phase, mode))
+        if got is None:
+            return None
+        ar = next(x for x in self.moe_layer if x.name.startswith("allreduce")).seconds(phase, mode)
+        return (self.totals["moe layer"][(phase, mode)] - ar) / got.seconds - 1.0
 
     def summary(self, mode: str) -> dict[str, float]:
         """Decode and speculative throughput in ``mode`` (tokens/s over the batch)."""
@@ -379,8 +390,17 @@ def budget(s: Scenario, measured: Measured | None = None) -> Budget:
              f"kernel floor (floor-bound lines): {est.floor * 1e6:.2f} us per kernel from {est.floor_cell.source}",
              "not modelled: embedding, sampling, the logits all-gather, gaps between graph nodes"]
     notes += measured.notes
+    variant = {("extend", "fused"): "server", ("verify", "few_token"): "microbench"}.get((s.attention, s.moe))
+    layer = {}
+    if variant:
+        for p in PHASES:
+            for m in MODES:
+                hit = measured.layer(est._layout_key(), p, s.batch, s.draft_tokens, s.context, m, variant)
+                if hit:
+                    layer[(p, m)] = Cell(hit.seconds, hit.source)
     return Budget(s, moe, dense, head + [head_exposed],
-                  {"moe layer": moe_tot, "dense layer": dense_tot, "step": step, "draft": draft}, launch, notes)
+                  {"moe layer": moe_tot, "dense layer": dense_tot, "step": step, "draft": draft}, launch, notes,
+                  layer)
 
 
 def fmt_us(seconds: float) -> str:
@@ -426,6 +446,14 @@ def render(b: Budget, fmt: str = "text", modes: tuple[str, ...] = MODES) -> str:
         launches = {p: sum(x.launches[p] for x in group[:-1]) for p in PHASES}
         label = "= MoE layer" if key == "moe layer" else "= dense layer (attention as above + dense MLP)"
         rows.append(row(label, "", f"{launches['decode']}/{launches['verify']}", [b.totals[key][c] for c in cols]))
+        if key == "moe layer" and b.measured_layer:
+            meas = Line("measured layer (layer.decoder, one rank)", "MoE layer", {p: 0 for p in PHASES},
+                        dict(b.measured_layer))
+            rows.append([meas.name, meas.scope, "", *(fmt_us(b.measured_layer[c].seconds) if c in b.measured_layer
+                                                      else "-" for c in cols), ref(meas)])
+            rows.append(["model (no allreduce) / measured - 1", "", "",
+                         *("-" if b.model_error(*c) is None else f"{100 * b.model_error(*c):+.0f}%" for c in cols),
+                         ""])
     m = s.model
     rows.append(row(f"x {m.n_moe_layers} MoE layers", "step", "", [m.n_moe_layers * b.totals["moe layer"][c]
                                                                     for c in cols]))

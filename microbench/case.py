@@ -102,6 +102,9 @@ class Case:
     #: A multi-rank case: its variants are collectives, run on every rank of a
     #: torch.distributed world in lock step (see microbench.distributed).
     distributed: ClassVar[bool] = False
+    #: On CUDA, after the gate, count the call's GPU launches and its host time once
+    #: (microbench.profile), into the record's ``profile``.
+    profile_calls: ClassVar[bool] = False
 
     def variants(self) -> Sequence[Variant]:
         raise NotImplementedError

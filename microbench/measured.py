@@ -94,6 +94,20 @@ class Measured:
         return _Hit(t, f"measured: allreduce {variant} {capture} at {world} ranks, interpolated "
                        f"{b0}..{b1} B ({where})")
 
+    def layer(self, layout: str, phase: str, batch: int, draft_tokens: int, context: int, capture: str,
+              variant: str) -> _Hit | None:
+        """One decoder layer as ``layer.decoder`` measured it (per layer: the call over its
+        stacked layers); its allreduce was a one-rank stand-in."""
+        for r, where in self.records:
+            a = r["axes"]
+            if (r["case"] == "layer.decoder" and r["variant"] == variant and a.get("layer") == layout
+                    and a.get("phase") == phase and a.get("batch") == batch and a.get("context") == context
+                    and a.get("capture") == capture and (phase == "decode" or a.get("draft_tokens") == draft_tokens)):
+                n = (r.get("facts") or {}).get("layers") or 1
+                return _Hit(_median(r) / n, f"measured: layer.decoder {variant} {phase} {capture} batch={batch} "
+                                            f"context={context}, per layer of {n} ({where})")
+        return None
+
     def launch_cost(self) -> _Hit | None:
         """The eager launch floor: calibration.launch's torch one-element op, back to back."""
         return self._find("calibration.launch", "torch_tiny_op", capture="eager")

@@ -191,6 +191,10 @@ class Runner:
                 recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason="incorrect: " + outcome["summary"],
                                        **base)
                 continue
+            if case.profile_calls and dev.startswith("cuda"):
+                from microbench.profile import profile_call
+
+                base["profile"] = profile_call(functools.partial(v.fn, **w.kwargs()))
             recs[v.name] = _record(case, point, v.name, dev, "OK", **base)
             ready.append((v, self._calls(v.fn, w, mode)))
         clocks = None

@@ -1,0 +1,41 @@
+"""What one call costs the host, and how many GPU activities it launches (CUDA only).
+
+Used once per variant after its gate passes, for cases that ask (``Case.profile_calls``):
+the kernel count comes from the torch profiler (every CUDA activity the call puts on the
+device: kernels, memsets, copies), the host time is the wall time for the call to return
+without waiting for the GPU (the enqueue cost), averaged over a few calls.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+#: Calls averaged for the host time: few enough that the launch queue never fills.
+HOST_REPS = 5
+
+
+def profile_call(fn: Callable[[], Any]) -> dict[str, Any]:
+    """``{"launches": int, "host_s": float}`` of ``fn`` on the current CUDA device, or
+    ``{"profile_error": text}`` when the profiler is unavailable (never raises)."""
+    import torch
+
+    out: dict[str, Any] = {}
+    try:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        out["launches"] = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    except Exception as e:  # noqa: BLE001 - a missing profiler costs the column, not the run
+        out["profile_error"] = f"{type(e).__name__}: {e}"
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(HOST_REPS):
+        fn()
+    out["host_s"] = (time.perf_counter() - t0) / HOST_REPS
+    torch.cuda.synchronize()
+    return out

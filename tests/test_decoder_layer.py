@@ -1,0 +1,171 @@
+"""The decoder layer: kernels path against the torch reference layer at reduced shapes
+(interpreter on CPU), routing both paths agree on, a wrong layer rejected, the case
+through the runner, and the model's measured-layer comparison."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from microbench.case import Variant
+from microbench.cases.layer import DecoderLayerCase
+from microbench.cases.layer_inputs import MINI, layer_batch, layer_inputs, layer_shape, layer_weights
+from microbench.gate import compare
+from microbench.kernels.decoder_layer import decoder_layer, decoder_layer_ref, rope
+from microbench.runner import RunOptions, Runner, plan
+from microbench.timing import TimingOptions
+
+from .helpers import DEVICE
+
+DT = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+TOL = 8e-2 if DT == torch.bfloat16 else 3e-2
+
+
+def _setup(batch, q_len, context, seed=3):
+    w = layer_weights(MINI, "int4", DT, DEVICE, seed)
+    b = layer_batch(MINI, batch, q_len, context, DT, DEVICE, seed + 1)
+    x, res, chosen = layer_inputs(w, batch * q_len, DT, DEVICE, seed + 2)
+    return w, b, x, res, chosen
+
+
+@pytest.mark.parametrize(("attention", "moe", "batch", "q_len"), [
+    ("decode", "fused", 2, 1), ("extend", "fused", 2, 4), ("verify", "few_token", 2, 4), ("verify", "fused", 1, 3),
+])
+def test_layer_matches_the_reference_layer(attention, moe, batch, q_len):
+    w, b, x, res, _ = _setup(batch, q_len, context=33)
+    want, want_res = decoder_layer_ref(x, res, w, b)
+    r = res.clone()
+    got, got_res = decoder_layer(x, r, w, b, attention=attention, moe=moe)
+    assert got_res is r  # the residual stream is updated in place, as fused norms do
+    for name, g, ref in (("out", got, want), ("residual", got_res, want_res)):
+        rep = compare(g, ref, atol=TOL, rtol=TOL, name=name)
+        assert rep.passed, str(rep)
+    assert float(want.abs().mean()) > 0.05  # a real signal, not zeros
+
+
+def test_both_paths_route_every_token_to_its_chosen_experts():
+    from microbench.kernels.moe_reference import router_ref
+    from microbench.kernels.moe_routing import route
+
+    w, b, x, res, chosen = _setup(2, 4, context=17)
+    h = (x.float() + res.float())
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)  # the residual direction dominates
+    for hidden in (h, h.to(DT)):
+        _, ids = router_ref(hidden, w.gate, w.gate_bias, top_k=MINI.top_k, n_group=1, topk_group=1,
+                            routed_scaling_factor=MINI.scaling)
+        assert [sorted(r) for r in ids.tolist()] == [sorted(r) for r in chosen.tolist()]
+    _, ids = route(h.to(DT), w.gate, w.gate_bias, top_k=MINI.top_k, n_group=1, topk_group=1,
+                   routed_scaling_factor=MINI.scaling)
+    assert [sorted(r) for r in ids.tolist()] == [sorted(r) for r in chosen.tolist()]
+
+
+def test_grouped_routing_inputs_use_topk_group_groups():
+    s = layer_shape("dsv3-tp8")
+    assert (s.experts, s.n_group, s.topk_group, s.hidden, s.heads) == (256, 8, 4, 7168, 16)
+    k = layer_shape("kimi-tp8")
+    assert (k.experts, k.moe_inter, k.shared_inter, k.heads, k.q_lora, k.n_group) == (384, 256, 256, 8, 1536, 1)
+
+
+def test_rope_rotates_pairs_and_keeps_norms():
+    x = torch.randn(5, 3, 64)
+    pos = torch.arange(5)
+    y = rope(x, pos)
+    assert torch.allclose(y[0], x[0])  # position 0: no rotation
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+    assert not torch.allclose(y[3], x[3])
+
+
+FAST = TimingOptions(budget_s=0.05, max_noise=0.5)
+
+
+def test_the_case_gates_both_variants_and_rejects_a_layer_without_its_shared_expert():
+    class Broken(DecoderLayerCase):
+        def variants(self):
+            def no_shared(xs, residuals, weights, batches, phase):
+                import microbench.kernels.decoder_layer as dl
+
+                outs = []
+                for x, r, w, b in zip(xs, residuals, weights, batches):
+                    zero = torch.zeros_like(w.shared_w2)
+                    w2 = dl.LayerWeights(**{**w.__dict__, "shared_w2": zero})
+                    outs.append(dl.decoder_layer(x, r, w2, b, attention="decode" if phase == "decode" else "extend",
+                                                 moe="fused")[0])
+                return torch.stack(outs)
+
+            return [*super().variants(), Variant("no_shared", no_shared)]
+
+    opts = RunOptions(suite="smoke", device=DEVICE, timing=FAST, probe=False,
+                      axis_picks={"capture": ["eager"]} if DEVICE == "cuda" else {})
+    recs = Runner(opts, None, progress=lambda line: None).run(plan([Broken()], opts))
+    by = {(r["axes"]["phase"], r["variant"]): r for r in recs}
+    for phase in ("decode", "verify"):
+        assert by[(phase, "server")]["status"] == "OK" and by[(phase, "microbench")]["status"] == "OK"
+        bad = by[(phase, "no_shared")]
+        assert bad["status"] == "FAILED" and "elements off" in bad["reason"] and bad["timing"] is None
+        ok = by[(phase, "server")]
+        assert ok["facts"]["layers"] >= 1 and "per layer" in ok["derived"]
+        assert "stand-in" in ok["facts"]["allreduce"]
+
+
+@pytest.mark.gpu
+def test_kimi_layer_on_the_gpu_eager_and_graph_with_launch_counts():
+    opts = RunOptions(suite="smoke", device="cuda", timing=FAST, probe=False)
+    recs = Runner(opts, None, progress=lambda line: None).run(plan([DecoderLayerCase()], opts))
+    assert len(recs) == 2 * 2 * 2  # phase x capture x variant
+    for r in recs:
+        assert r["status"] == "OK", (r["axes"], r["variant"], r["reason"])
+        assert r["profile"]["launches"] >= 20 and r["profile"]["host_s"] > 0
+
+
+def test_the_model_sets_a_measured_layer_beside_its_prediction():
+    from microbench.budget import Scenario, budget, render
+    from microbench.hardware import load_profile
+    from microbench.measured import Measured
+    from microbench.models import ParallelLayout, load_model
+
+    def rec(capture, phase, median):
+        return {"case": "layer.decoder", "variant": "server", "status": "OK", "facts": {"layers": 2},
+                "axes": {"layer": "kimi-tp8", "weights": "int4", "phase": phase, "batch": 1, "draft_tokens": 3,
+                         "context": 4096, "capture": capture, "dtype": "bf16"},
+                "timing": {"summary": {"median": median}}}
+
+    doc = {"schema": "microbench.result", "schema_version": 1, "run": {"id": "g", "device": "cuda"},
+           "fingerprint": {"device": {"name": "NVIDIA H200"}},
+           "records": [rec("graph", "verify", 200e-6), rec("eager", "verify", 400e-6)]}
+    s = Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(8, 1), hw=load_profile("h200"))
+    b = budget(s, Measured([doc]))
+    assert b.measured_layer[("verify", "graph")].seconds == pytest.approx(100e-6)  # per layer of 2
+    ar = next(x for x in b.moe_layer if x.name.startswith("allreduce")).seconds("verify", "graph")
+    assert b.model_error("verify", "graph") == pytest.approx((b.totals["moe layer"][("verify", "graph")] - ar)
+                                                             / 100e-6 - 1)
+    assert b.model_error("decode", "graph") is None
+    text = render(b)
+    assert "measured layer (layer.decoder, one rank)" in text and "model (no allreduce) / measured - 1" in text
+
+
+def test_grouped_routing_inputs_pick_two_experts_in_each_of_topk_group_groups():
+    from microbench.kernels.decoder_layer import LayerShape
+    from microbench.kernels.moe_reference import router_ref
+
+    s = LayerShape(hidden=256, heads=2, q_lora=64, nope=16, v_head=16, experts=64, top_k=8, moe_inter=32,
+                   shared_inter=32, n_group=8, topk_group=4, scaling=2.5)
+    w = layer_weights(s, "bf16", torch.float32, "cpu", 11)
+    x, res, chosen = layer_inputs(w, 6, torch.float32, "cpu", 12)
+    for row in chosen.tolist():
+        groups = [e // 8 for e in row]
+        assert len(set(groups)) == 4 and all(groups.count(g) == 2 for g in set(groups))
+    h = x + res
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    _, ids = router_ref(h, w.gate, w.gate_bias, top_k=8, n_group=8, topk_group=4, routed_scaling_factor=2.5)
+    assert [sorted(r) for r in ids.tolist()] == [sorted(r) for r in chosen.tolist()]
+
+
+def test_any_batch_or_context_on_the_command_line_and_a_bad_one(capsys):
+    from microbench.cli import main
+
+    c = DecoderLayerCase()
+    assert c.parse_axis_value("batch", "8") == 8
+    with pytest.raises(ValueError, match="at most 16"):
+        c.parse_axis_value("draft_tokens", "16")
+    assert main(["run", "--case", "layer.decoder", "--axis", "batch=0", "--device", "cpu"]) == 2
+    assert "'0' is not a positive integer" in capsys.readouterr().err
