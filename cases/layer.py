@@ -7,7 +7,8 @@ memory), as one call: the per-layer time is the call's over ``layers`` (column
 attention, the fused MoE) and ``microbench`` (the verify kernel and the few-token MoE);
 decode uses the decode kernel in both. Axis ``capture``: ``eager`` launches every kernel
 from Python back to back (the harness's hot mode); ``graph`` replays the captured
-layers. The allreduce is a stand-in on one rank (same bytes; facts say so).
+layers; ``compile`` (opt-in, ``--axis capture=compile``) runs ``torch.compile`` of the
+layer function, launched eagerly. The allreduce is a stand-in on one rank (same bytes; facts say so).
 """
 
 from __future__ import annotations
@@ -19,7 +20,22 @@ import torch
 from microbench.case import Case, Cost, Point, Variant, Workload
 from microbench.cases.common import DTYPES, default_float, on_cuda
 
-CAPTURE = {"eager": "hot", "graph": "graph"}
+#: capture -> timing mode; "compile" (torch.compile of the layer function, launched eagerly)
+#: is opt-in (--axis capture=compile): its first call compiles for tens of seconds
+CAPTURE = {"eager": "hot", "graph": "graph", "compile": "hot"}
+_compiled: dict[str, object] = {}
+
+
+def _layer_fn(capture: str):
+    from microbench.kernels.decoder_layer import decoder_layer
+
+    if capture != "compile":
+        return decoder_layer
+    if "fn" not in _compiled:
+        import torch
+
+        _compiled["fn"] = torch.compile(decoder_layer, dynamic=False)
+    return _compiled["fn"]
 #: (attention in verify, MoE kernel) per variant; decode always uses the decode kernel
 KERNELS = {"server": ("extend", "fused"), "microbench": ("verify", "few_token")}
 #: the most layers a call stacks, and the share of free GPU memory they may take
@@ -27,11 +43,10 @@ MAX_LAYERS, MEMORY_SHARE = 4, 0.3
 
 
 def _stack(variant: str):
-    def call(xs, residuals, weights, batches, phase):
-        from microbench.kernels.decoder_layer import decoder_layer
-
+    def call(xs, residuals, weights, batches, phase, capture="eager"):
+        layer = _layer_fn(capture)
         attention, moe = KERNELS[variant]
-        outs = [decoder_layer(x, r, w, b, attention="decode" if phase == "decode" else attention, moe=moe)[0]
+        outs = [layer(x, r, w, b, attention="decode" if phase == "decode" else attention, moe=moe)[0]
                 for x, r, w, b in zip(xs, residuals, weights, batches)]
         return torch.stack(outs)
 
@@ -39,7 +54,7 @@ def _stack(variant: str):
 
 
 class DecoderLayerCase(Case):
-    """Variant signature: fn(xs, residuals, weights, batches, phase) -> out [layers, T, H];
+    """Variant signature: fn(xs, residuals, weights, batches, phase, capture) -> out [layers, T, H];
     xs, residuals: per layer [T, H] (residuals updated in place); weights: per layer
     LayerWeights; batches: per layer LayerBatch; phase "decode" | "verify"."""
 
@@ -55,7 +70,7 @@ class DecoderLayerCase(Case):
         return [Variant(name, _stack(name), doc=f"verify attention {a}, MoE {m}") for name, (a, m) in KERNELS.items()]
 
     def axes(self, suite: str, device: str = "cuda") -> Mapping[str, Sequence[Any]]:
-        capture = list(CAPTURE) if on_cuda(device) else ["eager"]
+        capture = ["eager", "graph"] if on_cuda(device) else ["eager"]
         if suite == "verify":
             return {"layer": ["kimi-tp8"], "weights": ["int4"], "phase": ["decode", "verify"], "batch": [1],
                     "draft_tokens": [3], "context": [4096], "capture": capture, "dtype": ["bf16"]}
@@ -70,6 +85,8 @@ class DecoderLayerCase(Case):
         return CAPTURE[point["capture"]]
 
     def parse_axis_value(self, axis: str, text: str) -> Any:
+        if axis == "capture" and text == "compile":
+            return text
         # any batch, context or draft length: --axis batch=8 --axis context=16384
         if axis in ("batch", "context", "draft_tokens"):
             if not text.isdigit() or int(text) < 1:
@@ -80,6 +97,8 @@ class DecoderLayerCase(Case):
         return super().parse_axis_value(axis, text)
 
     def skip(self, point: Point, device: str) -> str | None:
+        if point["capture"] == "compile" and not on_cuda(device):
+            return "torch.compile of the layer is measured on the GPU"
         if point["dtype"] == "bf16" and not on_cuda(device):
             return "bf16 is checked on the GPU (the Triton interpreter mishandles bf16 tl.dot)"
         return None
@@ -107,7 +126,8 @@ class DecoderLayerCase(Case):
         facts = {"layers": n, "tokens": t, "allreduce": "stand-in (one rank: the same bytes moved, no sum)",
                  "layer_bytes": first.nbytes()}
         return Workload({"xs": [x for x, _, _ in ins], "residuals": [r for _, r, _ in ins], "weights": weights,
-                         "batches": batches, "phase": point["phase"]}, {}, Cost(bytes=reads),
+                         "batches": batches, "phase": point["phase"], "capture": point["capture"]}, {},
+                        Cost(bytes=reads),
                         meta={"layers": n}, facts=facts)
 
     def reference(self, w: Workload) -> Mapping[str, Any]:

@@ -81,7 +81,7 @@ FAST = TimingOptions(budget_s=0.05, max_noise=0.5)
 def test_the_case_gates_both_variants_and_rejects_a_layer_without_its_shared_expert():
     class Broken(DecoderLayerCase):
         def variants(self):
-            def no_shared(xs, residuals, weights, batches, phase):
+            def no_shared(xs, residuals, weights, batches, phase, capture="eager"):
                 import microbench.kernels.decoder_layer as dl
 
                 outs = []
