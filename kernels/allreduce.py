@@ -191,8 +191,8 @@ class SymmBuffer:
         import torch.distributed._symmetric_memory as symm
 
         self.buf = symm.empty(numel, dtype=dtype, device=device)
-        symm.rendezvous(self.buf, group)
         self.group_name = group.group_name
+        symm.rendezvous(self.buf, self.group_name)  # by name: every torch that has the ops accepts it
 
     @classmethod
     def get(cls, group: Any, numel: int, dtype: torch.dtype, device: torch.device) -> "SymmBuffer":
