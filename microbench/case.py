@@ -122,6 +122,24 @@ class Case:
         """Whether an OK record of a calibration case may set its ceiling (default: all)."""
         return True
 
+    def check_axes(self, device: str) -> Mapping[str, Sequence[Any]]:
+        """The small, odd shapes a new variant must pass before it is timed at the model's
+        (``microbench try``); default: the ``smoke`` suite's."""
+        return self.axes("smoke", device)
+
+    def scaffold(self) -> str | None:
+        """Source of a starting file for ``microbench scaffold``: a simple, correct Triton
+        kernel and launcher with this case's variant signature; None when there is none.
+        Default: ``cases/scaffolds/<case id with _ for .>.py`` when it exists."""
+        import os
+
+        here = os.path.join(os.path.dirname(os.path.abspath(__import__("microbench.cases").cases.__file__)),
+                            "scaffolds", self.id.replace(".", "_") + ".py")
+        if not os.path.exists(here):
+            return None
+        with open(here) as f:
+            return f.read()
+
     def point_timing_mode(self, point: Point) -> str | None:
         """The timing mode this point forces (e.g. an eager/graph axis), else the case's."""
         return self.timing_mode

@@ -273,42 +273,6 @@ def _cuda_count() -> int:
     return max(1, torch.cuda.device_count())
 
 
-# --------------------------------------------------------------------------- model
-
-
-def cmd_model(a: argparse.Namespace) -> int:
-    import json as _json
-
-    from microbench.budget import MODES, Scenario, budget, render
-    from microbench.hardware import load_profile
-    from microbench.measured import Measured
-    from microbench.models import ParallelLayout, load_model
-    from microbench.results import ResultError
-
-    try:
-        measured = Measured(a.results or [])
-    except ResultError as e:
-        raise UsageError(str(e)) from None
-    s = Scenario(model=load_model(a.model), layout=ParallelLayout(a.tp, a.ep), hw=load_profile(a.hardware),
-                 batch=a.batch, context=a.context, draft_tokens=a.draft_tokens,
-                 accept_len=a.accept_len if a.accept_len is not None else float(a.draft_tokens),
-                 attention=a.attention, moe=a.moe, draft_s=None if a.draft_ms is None else a.draft_ms * 1e-3)
-    b = budget(s, measured)
-    if a.plot:
-        from microbench.plots import PlotError, plot_budget
-
-        try:
-            print(f"plot: {plot_budget(b, a.plot)}", file=sys.stderr)
-        except PlotError as e:
-            raise UsageError(str(e)) from None
-    if a.json:
-        print(_json.dumps(b.to_dict(), indent=1))
-        return 0
-    modes = ("graph",) if a.graph else ("eager",) if a.eager else MODES
-    print(render(b, a.format, modes), end="")
-    return 0
-
-
 # --------------------------------------------------------------------------- tune
 
 
@@ -536,36 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare variant BASE of the base run with variant NEW of the new run")
     c.set_defaults(func=cmd_compare)
 
-    mo = sub.add_parser("model", help="compose component times into decode and verify step budgets",
-                        description="Per-layer and per-step time of one rank for decode and for the verify step "
-                        "of speculative decoding, eager and under CUDA-graph replay: each component from a result "
-                        "file when it holds that point (--results), else a roofline on the hardware profile; "
-                        "every line says which. Then decode and speculative tokens/s and the break-even "
-                        "acceptance length.")
-    mo.add_argument("--model", default="kimi-k2.5", help="a shipped model or a config.json path (default kimi-k2.5)")
-    mo.add_argument("--tp", type=int, default=8, help="tensor-parallel size (default 8)")
-    mo.add_argument("--ep", type=int, default=1, help="expert-parallel size: 1 or --tp (default 1)")
-    mo.add_argument("--hardware", default="h200", help="a shipped profile (h200, rtx-pro-6000: a unique prefix "
-                    "is enough) or a profile JSON path (default h200)")
-    mo.add_argument("--batch", type=int, default=1, help="requests per step (default 1)")
-    mo.add_argument("--context", type=int, default=4096, help="tokens of context per request (default 4096)")
-    mo.add_argument("--draft-tokens", type=int, default=3,
-                    help="tokens drafted per request and step; verify scores these + 1 (default 3)")
-    mo.add_argument("--accept-len", type=float, help="mean tokens emitted per request and verify step, "
-                    "1 .. draft tokens + 1 (default: draft tokens)")
-    mo.add_argument("--draft-ms", type=float, help="time of the whole draft phase per step, ms "
-                    "(default: estimated as one dense layer + lm_head per draft token)")
-    mo.add_argument("--attention", default="extend", help="verify's attention kernel: extend (servers) or verify")
-    mo.add_argument("--moe", default="fused", help="the MoE kernel: fused (servers) or few_token")
-    mo.add_argument("--results", action="append", metavar="FILE", help="result file(s) whose GPU records "
-                    "replace roofline estimates (repeatable)")
-    g = mo.add_mutually_exclusive_group()
-    g.add_argument("--graph", action="store_true", help="show graph replay only")
-    g.add_argument("--eager", action="store_true", help="show eager launch only")
-    mo.add_argument("--format", choices=["text", "markdown"], default="text")
-    mo.add_argument("--json", action="store_true", help="print the budget as JSON")
-    mo.add_argument("--plot", metavar="PNG", help="also draw the step as stacked per-component bars (matplotlib)")
-    mo.set_defaults(func=cmd_model)
+    from microbench import cli_model, cli_try
+
+    cli_model.add_parser(sub)
+    cli_try.add_parser(sub)
 
     rep = sub.add_parser("report", help="print a result file's tables")
     rep.add_argument("result")

@@ -1,0 +1,165 @@
+"""A kernel developer's own file as a variant of any case: load it, check its signature,
+wrap it so its errors name its file and line, and add it to the case.
+
+``load_variant("path/to/my_kernel.py::my_fn", case)`` imports the file (any path, not
+installed) under a private module name, finds the function, checks that it accepts the
+case's arguments (by binding a real workload's argument names, before any launch), and
+returns a :class:`~microbench.case.Variant` whose call reports an exception raised in the
+user's code as :class:`UserCodeError`: the error, then the deepest frame in the user's
+file (``file:line in function`` and the source line) — never a traceback through the
+harness. :func:`with_variant` makes a case that runs its own variants plus that one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from typing import Any, Callable, Sequence
+
+from microbench.case import Case, Point, Variant, Workload
+
+
+class UserCodeError(Exception):
+    """The user's file failed (to load, to bind, or in a call): one block, file and line."""
+
+
+def where(e: BaseException, path: str) -> str:
+    """``path:line in func: source`` of the deepest traceback frame inside ``path`` (or of a
+    SyntaxError's position), else ''."""
+    if isinstance(e, SyntaxError) and e.filename and os.path.abspath(e.filename) == os.path.abspath(path):
+        return f"{path}:{e.lineno}: {(e.text or '').strip()}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{path}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+
+
+def describe(e: BaseException, path: str) -> str:
+    text = str(e).strip()
+    head = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    at = where(e, path)
+    # a Triton compile error carries the kernel's own source position in its message
+    extra = "\n".join(text.splitlines()[1:6]) if "CompilationError" in type(e).__name__ else ""
+    return head + (f"\n  at {at}" if at else "") + (f"\n{extra}" if extra else "")
+
+
+def parse_target(target: str) -> tuple[str, str]:
+    """``FILE::FUNCTION`` -> (file, function); UserCodeError when malformed or missing."""
+    path, sep, name = target.rpartition("::")
+    if not sep or not path or not name.isidentifier():
+        raise UserCodeError(f"{target!r}: expected FILE::FUNCTION, e.g. my_kernel.py::my_rmsnorm")
+    if not os.path.isfile(path):
+        raise UserCodeError(f"{path}: no such file")
+    return path, name
+
+
+def load_function(path: str, name: str) -> Callable[..., Any]:
+    """Import ``path`` fresh (a new module each time, so an edited file is re-read) and
+    return its ``name``; UserCodeError naming the file and line on any failure."""
+    mod_name = f"microbench_user_{abs(hash(os.path.abspath(path)))}_{os.stat(path).st_mtime_ns}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise UserCodeError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # Triton's @jit reads the module's source through it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # noqa: BLE001 - SyntaxError, ImportError, anything at import
+        sys.modules.pop(mod_name, None)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise UserCodeError(f"{path}: cannot be loaded: {describe(e, path)}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        have = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_")
+                      and getattr(v, "__module__", None) == mod_name)
+        raise UserCodeError(f"{path}: no function {name!r} (functions there: {', '.join(have) or 'none'})")
+    return fn
+
+
+def check_signature(fn: Callable[..., Any], case: Case, workload: Workload, path: str) -> None:
+    """UserCodeError unless ``fn`` accepts exactly the case's arguments (by name)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C function: let the call say
+    try:
+        sig.bind(**workload.kwargs())
+    except TypeError as e:
+        line = inspect.getsourcelines(fn)[1] if hasattr(fn, "__code__") else "?"
+        raise UserCodeError(f"{path}:{line}: {fn.__name__}{sig} does not take the case's arguments ({e}).\n"
+                            f"  {case.id} calls fn({', '.join(workload.kwargs())});\n  "
+                            + "\n  ".join(case.signature().splitlines())) from None
+
+
+def wrap(fn: Callable[..., Any], path: str) -> Callable[..., Any]:
+    def user_variant(**kwargs: Any) -> Any:
+        try:
+            return fn(**kwargs)
+        except Exception as e:  # noqa: BLE001 - reported as the user's, with their line
+            raise UserCodeError(describe(e, path)) from None
+
+    user_variant.__wrapped__ = fn  # type: ignore[attr-defined]
+    return user_variant
+
+
+def load_variant(target: str, case: Case, point: Point, device: str, name: str | None = None) -> Variant:
+    """The user's ``FILE::FUNCTION`` as a variant of ``case``, its signature checked
+    against the workload of ``point`` on ``device`` (nothing is launched)."""
+    path, fname = parse_target(target)
+    fn = load_function(path, fname)
+    check_signature(fn, case, case.setup(point, device, 0), path)
+    doc = (inspect.getdoc(fn) or "").splitlines()
+    return Variant(name or fname, wrap(fn, path), doc=f"{path}::{fname}" + (f": {doc[0]}" if doc else ""))
+
+
+class WithVariant(Case):
+    """``inner`` with one more variant; everything else is the inner case's."""
+
+    def __init__(self, inner: Case, extra: Variant):
+        if any(v.name == extra.name for v in inner.variants()):
+            raise UserCodeError(f"variant name {extra.name!r} is taken in {inner.id}: pass --name")
+        self.inner, self.extra = inner, extra
+        for attr in ("id", "title", "baseline", "order", "tolerances", "ceiling", "timing_mode", "distributed",
+                     "profile_calls"):
+            setattr(self, attr, getattr(inner, attr))
+
+    def variants(self) -> Sequence[Variant]:
+        return [*self.inner.variants(), self.extra]
+
+    def axes(self, suite, device="cuda"):
+        return self.inner.axes(suite, device)
+
+    def skip(self, point, device):
+        return self.inner.skip(point, device)
+
+    def skip_variant(self, variant, point, device):
+        return None if variant == self.extra.name else self.inner.skip_variant(variant, point, device)
+
+    def setup(self, point, device, seed):
+        return self.inner.setup(point, device, seed)
+
+    def reference(self, workload):
+        return self.inner.reference(workload)
+
+    def tolerance(self, point):
+        return self.inner.tolerance(point)
+
+    def point_timing_mode(self, point):
+        return self.inner.point_timing_mode(point)
+
+    def parse_axis_value(self, axis, text):
+        return self.inner.parse_axis_value(axis, text)
+
+    def derive(self, records):
+        return self.inner.derive(records)
+
+    def signature(self):
+        return self.inner.signature()
+
+    def check_axes(self, device):
+        return self.inner.check_axes(device)

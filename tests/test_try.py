@@ -1,0 +1,129 @@
+"""`microbench try` / `scaffold`: a user's own file as a variant — accepted and timed when
+correct, rejected at the small odd shapes when subtly wrong, and every kind of error in
+the file reported as one block naming the file and line."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+from microbench import cli_try
+from microbench.cases import all_cases
+from microbench.cli import main
+
+from .helpers import DEVICE
+
+QUICK = ["--case", "norm.rmsnorm", "--device", DEVICE, "--budget-s", "0.05", "--axis", "tokens=1",
+         "--axis", "norm=kv_a", "--no-probe"]
+
+
+@pytest.fixture
+def scaffold(tmp_path, capsys):
+    path = tmp_path / "mine.py"
+    assert main(["scaffold", "--case", "norm.rmsnorm", str(path)]) == 0
+    assert f"microbench try {path}::my_rmsnorm --case norm.rmsnorm" in capsys.readouterr().out
+    return path
+
+
+def test_a_correct_file_is_checked_gated_timed_and_compared(scaffold, tmp_path, capsys):
+    out = tmp_path / "res"
+    assert main(["try", f"{scaffold}::my_rmsnorm", *QUICK, "--out", str(out), "--format", "markdown"]) == 0
+    cap = capsys.readouterr()
+    assert cap.err.count("check ok ") >= 2 and "interleaved with the case's variants" in cap.err
+    assert "| my_rmsnorm" in cap.out and "vs best" in cap.out
+    (path,) = glob.glob(os.path.join(str(out), "*.json"))
+    doc = json.load(open(path))
+    mine = [r for r in doc["records"] if r["variant"] == "my_rmsnorm"]
+    assert len(mine) == 1 and mine[0]["status"] == "OK" and mine[0]["vs_baseline"]["method"] == "paired-median"
+    assert mine[0]["timing"]["interleaved"] and "tried" in doc["run"]
+    assert "vs torch" in mine[0]["derived"]["vs best"] or "vs triton" in mine[0]["derived"]["vs best"]
+
+
+def test_an_off_by_one_mask_is_rejected_at_the_odd_shapes_and_not_timed(scaffold, tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text(scaffold.read_text().replace("mask = offs < width", "mask = offs < width - 1"))
+    assert main(["try", f"{bad}::my_rmsnorm", *QUICK, "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "check BAD tokens=5" in err and "elements off" in err and "seed" in err
+    assert "incorrect at the small shapes above: not timed" in err
+    assert not glob.glob(str(tmp_path / "r" / "*.json"))
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("def f(x, weight, eps, out, residual=None):\n    return x +\n", ["cannot be loaded: SyntaxError", ":2: return x +"]),
+    ("import no_such_module_anywhere\n", ["cannot be loaded: ModuleNotFoundError", ":1"]),
+    ("def f(x, w):\n    return x\n", ["f(x, w) does not take the case's arguments",
+                                      "norm.rmsnorm calls fn(", "Variant signature: fn(x, weight, eps, out"]),
+    ("def helper():\n    raise RuntimeError('launch failed')\n\ndef f(x, weight, eps, out, residual=None):\n"
+     "    helper()\n", ["RuntimeError: launch failed", ":2 in helper: raise RuntimeError('launch failed')"]),
+])
+def test_errors_in_the_file_are_one_block_with_file_and_line(tmp_path, capsys, source, message):
+    p = tmp_path / "user.py"
+    p.write_text(source)
+    assert main(["try", f"{p}::f", *QUICK, "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    for m in message:
+        assert m in err, err
+    assert "Traceback" not in err and "microbench/runner.py" not in err
+
+
+@pytest.mark.parametrize(("target", "message"), [("nope.py::f", "no such file"), ("{file}::g", "no function 'g'"),
+                                                 ("{file}", "expected FILE::FUNCTION")])
+def test_bad_targets(tmp_path, capsys, target, message):
+    p = tmp_path / "u.py"
+    p.write_text("def f(x, weight, eps, out, residual=None):\n    pass\n")
+    assert main(["try", target.format(file=p), *QUICK]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_every_scaffold_passes_its_gate_unchanged(tmp_path):
+    from microbench.usercode import WithVariant, load_variant
+
+    cases = [c for c in all_cases() if c.scaffold() is not None]
+    assert cases, "no case ships a scaffold"
+    for case in cases:
+        path = tmp_path / f"{case.id}.py"
+        assert main(["scaffold", "--case", case.id, str(path)]) == 0
+        fn = next(line.split("(")[0][4:] for line in path.read_text().splitlines()
+                  if line.startswith("def ") and "_kernel" not in line)
+        small = [p for p in cli_try_points(case)]
+        v = load_variant(f"{path}::{fn}", case, small[0], DEVICE)
+        checks = cli_try._check_small(WithVariant(case, v), v, DEVICE, 0)
+        assert checks and all(ok for _, _, ok in checks), [t for _, t, ok in checks if not ok]
+
+
+def cli_try_points(case):
+    from microbench.case import expand
+
+    return [p for p in expand(case.check_axes(DEVICE)) if not case.skip(p, DEVICE)]
+
+
+def test_scaffold_refuses_to_overwrite_and_names_cases_without_one(scaffold, capsys):
+    assert main(["scaffold", "--case", "norm.rmsnorm", str(scaffold)]) == 2
+    assert "exists: pass --force" in capsys.readouterr().err
+    assert main(["scaffold", "--case", "selftest.cpu_work"]) == 2
+    assert "has no scaffold yet (cases with one: norm.rmsnorm" in capsys.readouterr().err
+
+
+def test_watch_prints_one_line_per_save(scaffold, monkeypatch, capsys):
+    calls = {"n": 0}
+
+    def sleep(_):
+        calls["n"] += 1
+        if calls["n"] == 1:  # the user saves a broken version
+            text = scaffold.read_text().replace("mask = offs < width", "mask = offs < width - 1")
+            scaffold.write_text(text)
+            os.utime(scaffold, ns=(os.stat(scaffold).st_mtime_ns + 10**9,) * 2)
+            return
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_try.time, "sleep", sleep)
+    monkeypatch.setattr(cli_try, "WATCH_BUDGET_S", 0.05)
+    assert main(["try", f"{scaffold}::my_rmsnorm", *QUICK, "--watch"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
+    assert len(lines) == 2
+    assert " correct " in lines[0] and "vs torch" in lines[0]
+    assert " INCORRECT " in lines[1] and "elements off" in lines[1]
