@@ -105,7 +105,7 @@ def test_scaffold_refuses_to_overwrite_and_names_cases_without_one(scaffold, cap
     assert main(["scaffold", "--case", "norm.rmsnorm", str(scaffold)]) == 2
     assert "exists: pass --force" in capsys.readouterr().err
     assert main(["scaffold", "--case", "selftest.cpu_work"]) == 2
-    assert "has no scaffold yet (cases with one: norm.rmsnorm" in capsys.readouterr().err
+    assert "has no scaffold yet (cases with one: attention.mla_verify, norm.rmsnorm)" in capsys.readouterr().err
 
 
 def test_watch_prints_one_line_per_save(scaffold, monkeypatch, capsys):
