@@ -185,10 +185,15 @@ def cmd_scaffold(a: argparse.Namespace) -> int:
         raise cli.UsageError(f"{path} exists: pass --force to overwrite it")
     with open(path, "w") as f:
         f.write(text)
-    fn = next(line.split("(")[0][4:] for line in text.splitlines() if line.startswith("def ") and "_kernel" not in
-              line.split("(")[0])
+    fn = scaffold_function(text)
     print(f"wrote {path}: try it with\n  microbench try {path}::{fn} --case {case.id}")
     return 0
+
+
+def scaffold_function(text: str) -> str:
+    """The public function of a scaffold: its one top-level ``def`` without a leading ``_``."""
+    names = [line[4:].split("(")[0] for line in text.splitlines() if line.startswith("def ")]
+    return next(n for n in names if not n.startswith("_"))
 
 
 def _scaffolded() -> list:

@@ -28,6 +28,11 @@ def scaffold(tmp_path, capsys):
     return path
 
 
+def test_scaffold_names_its_public_function(tmp_path, capsys):
+    assert main(["scaffold", "--case", "attention.mla_verify", str(tmp_path / "m.py")]) == 0
+    assert "m.py::my_mla --case attention.mla_verify" in capsys.readouterr().out
+
+
 def test_a_correct_file_is_checked_gated_timed_and_compared(scaffold, tmp_path, capsys):
     out = tmp_path / "res"
     assert main(["try", f"{scaffold}::my_rmsnorm", *QUICK, "--out", str(out), "--format", "markdown"]) == 0
@@ -87,8 +92,7 @@ def test_every_scaffold_passes_its_gate_unchanged(tmp_path):
     for case in cases:
         path = tmp_path / f"{case.id}.py"
         assert main(["scaffold", "--case", case.id, str(path)]) == 0
-        fn = next(line.split("(")[0][4:] for line in path.read_text().splitlines()
-                  if line.startswith("def ") and "_kernel" not in line)
+        fn = cli_try.scaffold_function(path.read_text())
         small = [p for p in cli_try_points(case)]
         v = load_variant(f"{path}::{fn}", case, small[0], DEVICE)
         checks = cli_try._check_small(WithVariant(case, v), v, DEVICE, 0)

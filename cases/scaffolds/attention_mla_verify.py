@@ -21,6 +21,19 @@ import triton.language as tl
 
 
 @triton.jit
+def _attend(k, k_pe, keep, q_nope, q_pe, acc, l, m, sm_scale, cap, HAS_CAP: tl.constexpr):
+    """One block of keys [BLOCK_N, 512 + 64] into the running softmax (online, fp32)."""
+    s = (tl.sum(k * q_nope[None, :], axis=1) + tl.sum(k_pe * q_pe[None, :], axis=1)) * sm_scale
+    if HAS_CAP:
+        s = cap * (2.0 * tl.sigmoid(2.0 * s / cap) - 1.0)  # cap * tanh(s / cap)
+    s = tl.where(keep, s, -float("inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=0))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    return acc * alpha + tl.sum(p[:, None] * k, axis=0), l * alpha + tl.sum(p, axis=0), m_new
+
+
+@triton.jit
 def _my_mla_kernel(q_ptr, kv_new_ptr, cache_ptr, out_ptr, req_ptr, qo_ptr, kv_indptr_ptr, kv_indices_ptr,
                    prefix_ptr, mask_ptr, mask_indptr_ptr, sm_scale, cap, heads,
                    PAGE: tl.constexpr, HAS_TREE: tl.constexpr, HAS_CAP: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -48,16 +61,7 @@ def _my_mla_kernel(q_ptr, kv_new_ptr, cache_ptr, out_ptr, req_ptr, qo_ptr, kv_in
         row = (page.to(tl.int64) * PAGE + j % PAGE) * 576
         k = tl.load(cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
         k_pe = tl.load(cache_ptr + row[:, None] + 512 + r[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        s = (tl.sum(k * q_nope[None, :], axis=1) + tl.sum(k_pe * q_pe[None, :], axis=1)) * sm_scale
-        if HAS_CAP:
-            s = cap * (2.0 * tl.sigmoid(2.0 * s / cap) - 1.0)  # cap * tanh(s / cap)
-        s = tl.where(valid, s, -float("inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        acc = acc * alpha + tl.sum(p[:, None] * k, axis=0)
-        l = l * alpha + tl.sum(p, axis=0)
-        m = m_new
+        acc, l, m = _attend(k, k_pe, valid, q_nope, q_pe, acc, l, m, sm_scale, cap, HAS_CAP)
     # the request's new tokens, under the causal or tree mask
     for start in range(0, n_new, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
@@ -71,16 +75,7 @@ def _my_mla_kernel(q_ptr, kv_new_ptr, cache_ptr, out_ptr, req_ptr, qo_ptr, kv_in
         row = (q0 + j).to(tl.int64) * 576
         k = tl.load(kv_new_ptr + row[:, None] + d[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
         k_pe = tl.load(kv_new_ptr + row[:, None] + 512 + r[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
-        s = (tl.sum(k * q_nope[None, :], axis=1) + tl.sum(k_pe * q_pe[None, :], axis=1)) * sm_scale
-        if HAS_CAP:
-            s = cap * (2.0 * tl.sigmoid(2.0 * s / cap) - 1.0)
-        s = tl.where(seen, s, -float("inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        acc = acc * alpha + tl.sum(p[:, None] * k, axis=0)
-        l = l * alpha + tl.sum(p, axis=0)
-        m = m_new
+        acc, l, m = _attend(k, k_pe, seen, q_nope, q_pe, acc, l, m, sm_scale, cap, HAS_CAP)
     tl.store(out_ptr + (t * heads + h) * 512 + d, (acc / l).to(out_ptr.dtype.element_ty))
 
 
