@@ -173,6 +173,7 @@ class AllReduceSweepCase(_AllReduce):
     """Any message size (bytes, a multiple of the element size), nccl-tests style."""
 
     id = "comm.allreduce_sweep"
+    scaffold_from = "comm.allreduce"  # the same signature
     title = "allreduce message-size sweep, nccl-tests style (8 B .. 64 MiB)"
 
     size_axis = ("bytes", {"verify": SWEEP_BYTES, "smoke": [8, 256, 8192, 262144]})

@@ -35,6 +35,7 @@ class CpuWork(Case):
     # the three variants are timed alternately by --interleave; budget per variant and pass
 
     id = "selftest.cpu_work"
+    scaffold_from = "calibration.matmul"  # the same signature: c = a @ b
     title = "harness self-test: the same CPU work, and 10% more of it"
     baseline = "anchor"
 
@@ -53,6 +54,9 @@ class CpuWork(Case):
 
     def axes(self, suite: str, device: str = "cuda") -> Mapping[str, Sequence[Any]]:
         return {"size": [64]} if suite == "selftest" else {}
+
+    def check_axes(self, device: str) -> Mapping[str, Sequence[Any]]:
+        return self.axes("selftest", device)  # no smoke axes: check at the self-test's own shape
 
     def skip(self, point: Point, device: str) -> str | None:
         return None if device == "cpu" else "the self-test times CPU work (run it with --device cpu)"

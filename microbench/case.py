@@ -105,6 +105,8 @@ class Case:
     #: On CUDA, after the gate, count the call's GPU launches and its host time once
     #: (microbench.profile), into the record's ``profile``.
     profile_calls: ClassVar[bool] = False
+    #: A case with the same variant signature whose scaffold this one shares (None: its own).
+    scaffold_from: ClassVar[str | None] = None
 
     def variants(self) -> Sequence[Variant]:
         raise NotImplementedError
@@ -130,15 +132,19 @@ class Case:
     def scaffold(self) -> str | None:
         """Source of a starting file for ``microbench scaffold``: a simple, correct Triton
         kernel and launcher with this case's variant signature; None when there is none.
-        Default: ``cases/scaffolds/<case id with _ for .>.py`` when it exists."""
+        Default: ``cases/scaffolds/<case id with _ for .>.py`` when it exists, or the file of
+        :attr:`scaffold_from` (a case with the same signature) with that case's id replaced."""
         import os
 
-        here = os.path.join(os.path.dirname(os.path.abspath(__import__("microbench.cases").cases.__file__)),
-                            "scaffolds", self.id.replace(".", "_") + ".py")
+        import microbench.cases
+
+        source = self.scaffold_from or self.id
+        here = os.path.join(os.path.dirname(os.path.abspath(microbench.cases.__file__)), "scaffolds",
+                            source.replace(".", "_") + ".py")
         if not os.path.exists(here):
             return None
         with open(here) as f:
-            return f.read()
+            return f.read().replace(source, self.id)
 
     def point_timing_mode(self, point: Point) -> str | None:
         """The timing mode this point forces (e.g. an eager/graph axis), else the case's."""

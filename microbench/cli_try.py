@@ -99,6 +99,12 @@ def cmd_try(a: argparse.Namespace) -> int:
         return 1
     tried = WithVariant(case, variant)
     a.case, a.variant, a.interleave = [case.id], None, True
+    if not a.suite:  # the device's default suite, else the first one the case is in (selftest)
+        from microbench.cases import SUITES
+
+        default = "verify" if device.startswith("cuda") else "smoke"
+        a.suite = default if case.axes(default, device) else next((x for x in SUITES if case.axes(x, device)),
+                                                                  default)
     suite, _, _ = cli.run_selection(argparse.Namespace(**{**vars(a), "case": [case.id]}), device)
     opts = cli.run_options(a, suite, device, [], world)
     p = cli.make_plan([tried], opts, [tried])
@@ -124,8 +130,12 @@ def _watch(a: argparse.Namespace, case: Any, device: str, world: Any) -> int:
     from microbench.timing import TimingOptions
     from microbench.usercode import UserCodeError, load_variant, parse_target, WithVariant
 
+    from microbench.cases import SUITES
+
     path, _ = parse_target(a.target)
-    suite = a.suite or ("verify" if device.startswith("cuda") else "smoke")
+    default = "verify" if device.startswith("cuda") else "smoke"
+    suite = a.suite or (default if case.axes(default, device) else next((x for x in SUITES if case.axes(x, device)),
+                                                                         default))
     seen = None
     print(f"microbench try --watch: {path} (Ctrl-C to stop)", file=sys.stderr)
     try:

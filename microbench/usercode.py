@@ -114,7 +114,9 @@ def load_variant(target: str, case: Case, point: Point, device: str, name: str |
     fn = load_function(path, fname)
     check_signature(fn, case, case.setup(point, device, 0), path)
     doc = (inspect.getdoc(fn) or "").splitlines()
-    return Variant(name or fname, wrap(fn, path), doc=f"{path}::{fname}" + (f": {doc[0]}" if doc else ""))
+    tags = getattr(fn, "tags", None)  # e.g. a collective's {"path", "placement"} for its table
+    return Variant(name or fname, wrap(fn, path), doc=f"{path}::{fname}" + (f": {doc[0]}" if doc else ""),
+                   tags={str(k): str(v) for k, v in tags.items()} if isinstance(tags, dict) else {})
 
 
 class WithVariant(Case):
@@ -125,7 +127,7 @@ class WithVariant(Case):
             raise UserCodeError(f"variant name {extra.name!r} is taken in {inner.id}: pass --name")
         self.inner, self.extra = inner, extra
         for attr in ("id", "title", "baseline", "order", "tolerances", "ceiling", "timing_mode", "distributed",
-                     "profile_calls"):
+                     "profile_calls", "scaffold_from"):
             setattr(self, attr, getattr(inner, attr))
 
     def variants(self) -> Sequence[Variant]:
