@@ -10,7 +10,6 @@ Check and time it:   microbench try THIS_FILE::my_copy --case calibration.copy
 Iterate on save:     microbench try THIS_FILE::my_copy --case calibration.copy --watch
 """
 
-import torch
 import triton
 import triton.language as tl
 

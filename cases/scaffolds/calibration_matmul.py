@@ -11,7 +11,6 @@ Check and time it:   microbench try THIS_FILE::my_matmul --case calibration.matm
 Iterate on save:     microbench try THIS_FILE::my_matmul --case calibration.matmul --watch
 """
 
-import torch
 import triton
 import triton.language as tl
 

@@ -18,7 +18,6 @@ Check and time it:   microbench try THIS_FILE::my_router --case moe.router
 Iterate on save:     microbench try THIS_FILE::my_router --case moe.router --watch
 """
 
-import torch
 import triton
 import triton.language as tl
 

@@ -8,7 +8,6 @@ Check and time it:   microbench try THIS_FILE::my_rmsnorm --case norm.rmsnorm
 Iterate on save:     microbench try THIS_FILE::my_rmsnorm --case norm.rmsnorm --watch
 """
 
-import torch
 import triton
 import triton.language as tl
 
