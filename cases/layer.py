@@ -140,6 +140,9 @@ class DecoderLayerCase(Case):
     def derive(self, records: Sequence[dict[str, Any]]) -> None:
         from microbench.report import fmt_time
 
+        def point(r):  # the same point and variant, whatever the capture
+            return tuple(sorted((k, v) for k, v in r["axes"].items() if k != "capture")) + (r["variant"],)
+
         by_point: dict[tuple, dict[str, float]] = {}
         for r in records:
             if r["status"] == "OK":
@@ -151,11 +154,10 @@ class DecoderLayerCase(Case):
                     d["launches/layer"] = f"{prof['launches'] / n:.0f}"
                 if "host_s" in prof:
                     d["host/layer"] = fmt_time(prof["host_s"] / n)
-                key = tuple(sorted((k, v) for k, v in r["axes"].items() if k != "capture")) + (r["variant"],)
-                by_point.setdefault(key, {})[r["axes"]["capture"]] = r["timing"]["summary"]["median"] / n
+                by_point.setdefault(point(r), {})[r["axes"]["capture"]] = r["timing"]["summary"]["median"] / n
         for r in records:
             if r["status"] == "OK" and r["axes"]["capture"] == "eager":
-                key = tuple(sorted((k, v) for k, v in r["axes"].items() if k != "capture")) + (r["variant"],)
-                if "graph" in by_point.get(key, {}):
-                    gap = by_point[key]["eager"] - by_point[key]["graph"]
+                times = by_point.get(point(r), {})
+                if "graph" in times:
+                    gap = times["eager"] - times["graph"]
                     r["derived"]["eager - graph per layer"] = fmt_time(gap) if gap >= 0 else "-" + fmt_time(-gap)

@@ -25,6 +25,14 @@ def _user_error(e: Exception) -> int:
     return 1
 
 
+def _suite(case: Any, device: str) -> str:
+    """The device's default suite, else the first suite the case is in (the self-test's)."""
+    from microbench.cases import SUITES
+
+    default = "verify" if device.startswith("cuda") else "smoke"
+    return default if case.axes(default, device) else next((x for x in SUITES if case.axes(x, device)), default)
+
+
 def _check_small(case: Any, variant: Any, device: str, seed: int) -> list[tuple[Any, str, bool]]:
     """The gate at the case's small odd shapes: (point, summary, passed) per point."""
     from microbench.case import expand, point_label, point_seed
@@ -98,14 +106,8 @@ def cmd_try(a: argparse.Namespace) -> int:
         print(f"microbench try: {variant.name} is incorrect at the small shapes above: not timed", file=sys.stderr)
         return 1
     tried = WithVariant(case, variant)
-    a.case, a.variant, a.interleave = [case.id], None, True
-    if not a.suite:  # the device's default suite, else the first one the case is in (selftest)
-        from microbench.cases import SUITES
-
-        default = "verify" if device.startswith("cuda") else "smoke"
-        a.suite = default if case.axes(default, device) else next((x for x in SUITES if case.axes(x, device)),
-                                                                  default)
-    suite, _, _ = cli.run_selection(argparse.Namespace(**{**vars(a), "case": [case.id]}), device)
+    a.interleave = True  # always: the verdicts against the case's variants are paired
+    suite = a.suite or _suite(case, device)
     opts = cli.run_options(a, suite, device, [], world)
     p = cli.make_plan([tried], opts, [tried])
     from microbench.runner import Runner
@@ -130,12 +132,8 @@ def _watch(a: argparse.Namespace, case: Any, device: str, world: Any) -> int:
     from microbench.timing import TimingOptions
     from microbench.usercode import UserCodeError, load_variant, parse_target, WithVariant
 
-    from microbench.cases import SUITES
-
     path, _ = parse_target(a.target)
-    default = "verify" if device.startswith("cuda") else "smoke"
-    suite = a.suite or (default if case.axes(default, device) else next((x for x in SUITES if case.axes(x, device)),
-                                                                         default))
+    suite = a.suite or _suite(case, device)
     seen = None
     print(f"microbench try --watch: {path} (Ctrl-C to stop)", file=sys.stderr)
     try:

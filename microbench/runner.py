@@ -237,7 +237,6 @@ class Runner:
             self._rank_medians(world, lock, measured, recs)
             return measured
         for v, calls in ready:
-            tracked = len(lock.local) if lock else 0
             try:
                 m = measure(calls, device=dev, options=timing, cache_bytes=o.cache_bytes, lockstep=lock)
                 outcome = {"error": None}
@@ -249,15 +248,15 @@ class Runner:
                 recs[v.name].update(status="FAILED", reason=outcome["error"], traceback=outcome.get("traceback"))
                 continue
             measured[v.name] = m
-            if lock is not None:
-                self._rank_medians(world, lock, {v.name: m}, recs, first=tracked)
+            self._rank_medians(world, lock, {v.name: m}, recs)
         return measured
 
     @staticmethod
-    def _rank_medians(world, lock, measured: dict[str, Measurement], recs, first: int = 0) -> None:
+    def _rank_medians(world, lock, measured: dict[str, Measurement], recs) -> None:
+        """Every rank's own median of the measurements just taken (the lock's last ones)."""
         if world is None:
             return
-        mine = [stats.summarize(xs).median for xs in lock.local[first:first + len(measured)]]
+        mine = [stats.summarize(xs).median for xs in lock.local[-len(measured):]]
         every = world.agree("rank medians", mine)
         for i, name in enumerate(measured):
             recs[name]["ranks"] = [{"rank": r, "median_s": meds[i]} for r, meds in enumerate(every)]
