@@ -33,6 +33,7 @@ class CopyBandwidth(Case):
     baseline = "torch_copy"
     order = 0
     ceiling = "memory_bandwidth"
+    launches_triton = False
     tolerances = {"fp32": (0.0, 0.0)}  # a copy is exact
 
     def variants(self) -> Sequence[Variant]:
@@ -68,6 +69,7 @@ class MatmulRate(Case):
     baseline = "torch_matmul"
     order = 1
     ceiling = "matmul_flops"
+    launches_triton = False
 
     def variants(self) -> Sequence[Variant]:
         return [Variant("torch_matmul", _matmul, doc="torch.matmul (cuBLAS on CUDA, the CPU BLAS otherwise)")]

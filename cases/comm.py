@@ -74,6 +74,7 @@ def parse_bytes(text: str, element_size: int = 2) -> int:
 
 class _AllReduce(Case):
     distributed = True
+    launches_triton = False  # NCCL, CuPy and symmetric-memory collectives
     baseline = "torch-ip"
     #: last: a path whose graph capture fails cannot disturb the single-rank cases' numbers
     order = 150

@@ -34,9 +34,27 @@ TUNING_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning")
 def device_slug(device: str) -> str:
     """The tuning-table name of a device: its CUDA name, lower-cased, dashes for spaces."""
     if not on_cuda(device):
-        return "cpu"
-    name = torch.cuda.get_device_name(torch.device(device))
+        from microbench import case as _case
+
+        target = _case.COMPILE_TARGET  # microbench compile: the target GPU's table
+        return _target_slug(target) if target is not None else "cpu"
+    return _slug(torch.cuda.get_device_name(torch.device(device)))
+
+
+def _slug(name: str) -> str:
     return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
+def _target_slug(profile: Any) -> str:
+    """The table of the GPU a hardware profile describes: the shipped table whose name holds
+    one of the profile's device-name substrings (``H200`` -> ``nvidia-h200``), else the
+    profile's name (no such file: the documented defaults)."""
+    tables = sorted(f[:-5] for f in os.listdir(TUNING_DIR) if f.endswith(".json")) if os.path.isdir(TUNING_DIR) else []
+    for m in profile.match:
+        hits = [t for t in tables if _slug(m) in t]
+        if len(hits) == 1:
+            return hits[0]
+    return profile.name
 
 
 def tuning_path(device: str) -> str:
@@ -233,11 +251,13 @@ class MoEExpertsCase(Case):
         """The tile configurations for this point from the device's table, and where from."""
         from microbench.cases.moe_inputs import moe_shape
 
+        from microbench.kernels.checks import small_shared
+
         s, t, kind = moe_shape(point["layout"]), point["tokens"], point["weights"]
-        tab = self.table(device)
-        fused, src_f = tab.lookup("fused", "w13+w2", kind, 2 * s.inter, s.hidden, t)
-        w13, src_1 = tab.lookup("few_token", "w13", kind, 2 * s.inter, s.hidden, t)
-        w2, src_2 = tab.lookup("few_token", "w2", kind, s.hidden, s.inter, t)
+        tab, small = self.table(device), small_shared(device)
+        fused, src_f = tab.lookup("fused", "w13+w2", kind, 2 * s.inter, s.hidden, t, small)
+        w13, src_1 = tab.lookup("few_token", "w13", kind, 2 * s.inter, s.hidden, t, small)
+        w2, src_2 = tab.lookup("few_token", "w2", kind, s.hidden, s.inter, t, small)
         return ({"fused": fused, "w13": w13, "w2": w2, "remote": s.global_experts != s.experts},
                 {"fused": src_f, "few_token": src_1 if src_1 == src_2 else f"{src_1}/{src_2}"})
 

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from microbench.kernels.checks import require_runnable
+from microbench.kernels.checks import require_runnable, small_shared
 from microbench.kernels.mla_common import HEAD_DIM, KV_LORA_RANK, ROPE_DIM, MLAPlan, check_mla_tensors
 
 __all__ = ["BLOCK_M", "BLOCK_N", "ExtendTile", "extend_kv_reads", "extend_tile", "mla_extend"]
@@ -65,13 +65,16 @@ __all__ = ["BLOCK_M", "BLOCK_N", "ExtendTile", "extend_kv_reads", "extend_tile",
 #: on Hopper (compute capability 9.x) for a head dimension above 256 (Lq = 576) picks
 #: ``BLOCK_M, BLOCK_N = (32, 64)`` (the same in its older and newer versions). The small M
 #: keeps the [32, 512] fp32 accumulator at 64 KB (64 registers a thread over 8 warps); N = 64
-#: makes the K tile [512, 64] and the V tile [64, 512] 64 KB each in bf16. Compiled for sm_90
-#: (Triton 3.9) the kernel takes ~104 KB of shared memory and all 255 registers a thread, as
-#: the server's kernel does at this tile; its prefix loop has no register spills in the
-#: causal variant (two local loads an iteration with the tree mask). BLOCK_M >= 16 is also
-#: tl.dot's minimum M.
+#: makes the K tile [512, 64] and the V tile [64, 512] 64 KB each in bf16. Built for sm_90
+#: (``microbench compile``, Triton 3.9, ptxas 12.9, bf16, causal) the kernel takes 104 KiB of
+#: shared memory and all 255 registers a thread, and spills 36 bytes a thread, as the
+#: server's kernel does at this tile. BLOCK_M >= 16 is also tl.dot's minimum M.
 BLOCK_M = 32
 BLOCK_N = 64
+#: Keys per block on a GPU whose block may take less than 128 KiB of shared memory (sm_86,
+#: sm_89, sm_120 at 99 KiB), where the 104 KiB tile above cannot launch: the servers' choice
+#: there for a head above 256 channels, ``(32, 32)``; 70 KiB on sm_120.
+_BLOCK_N_SMALL_SHARED = 32
 #: fp32 (a precision check here, never a model dtype) doubles every tile's bytes; a quarter
 #: of the keys per block keeps q (72 KB) + K + V (32 KB each) well inside shared memory.
 _BLOCK_N_FP32 = 16
@@ -93,11 +96,12 @@ class ExtendTile(NamedTuple):
     num_stages: int
 
 
-def extend_tile(dtype: torch.dtype) -> ExtendTile:
-    """The tile and launch parameters used for ``dtype`` (the server's for 16-bit types)."""
+def extend_tile(dtype: torch.dtype, small_shared: bool = False) -> ExtendTile:
+    """The tile and launch parameters used for ``dtype`` (the server's for 16-bit types), on
+    a GPU with less than 128 KiB of shared memory per block when ``small_shared``."""
     if dtype not in _SUPPORTED_DTYPES:
         raise ValueError(f"dtype {dtype} not supported; use one of {_SUPPORTED_DTYPES}")
-    block_n = _BLOCK_N_FP32 if dtype == torch.float32 else BLOCK_N
+    block_n = _BLOCK_N_FP32 if dtype == torch.float32 else (_BLOCK_N_SMALL_SHARED if small_shared else BLOCK_N)
     return ExtendTile(BLOCK_M, block_n, _NUM_WARPS, _NUM_STAGES)
 
 
@@ -270,7 +274,7 @@ def mla_extend(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, ou
         raise ValueError(f"q: needs at least one head, got shape {tuple(q.shape)}")
     require_runnable(_mla_extend_kernel, q, "q")
 
-    tile = extend_tile(q.dtype)
+    tile = extend_tile(q.dtype, small_shared(q.device))
     use_tree = plan.tree_mask is not None
     # bool pointers are not portable across Triton versions: pass the mask's bytes; without
     # a tree any int32 tensor stands in (never read: USE_TREE_MASK is a constexpr)

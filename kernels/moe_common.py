@@ -271,7 +271,8 @@ class GemmConfig:
         return asdict(self)
 
 
-def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int) -> GemmConfig:
+def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int,
+                   small_shared: bool = False) -> GemmConfig:
     """The fallback when the tuning table has no entry for the key (a fixed rule).
 
     ``fused`` (baseline): 16-row blocks (servers' smallest alignment block, the one
@@ -279,7 +280,10 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     64 for INT4 (its dequantisation holds more registers), 4 warps, 3 stages.
     ``few_token``: 64-wide N tiles (narrower when N is), the same K steps, and a K split
     of 4 for the w13 GEMM when K >= 2048 (K = H is long and N = 2I short, so one expert
-    alone gives too few programs) and 1 for w2 (K = I is short, N = H wide).
+    alone gives too few programs) and 1 for w2 (K = I is short, N = H wide); 3 stages, or
+    2 on a GPU whose block may take less than 128 KiB of shared memory (``small_shared``:
+    sm_86/89/120), where the INT4 w13 tile's 3 stages need 108-120 KiB and cannot launch
+    (2 stages: 58-64 KiB, built for sm_120 by ``microbench compile``).
     """
     if kernel not in KERNELS or gemm not in KERNELS[kernel]:
         raise ValueError(f"kernel/gemm: unknown pair {kernel!r}/{gemm!r} (known: {KERNELS})")
@@ -288,7 +292,7 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
         return GemmConfig(block_n=64, block_k=bk, block_m=16, num_warps=4, num_stages=3)
     split = 4 if gemm == "w13" and k >= 2048 else 1
     return GemmConfig(block_n=64 if n >= 64 else max(16, triton.next_power_of_2(n)), block_k=bk, split_k=split,
-                      num_warps=4, num_stages=3)
+                      num_warps=4, num_stages=2 if small_shared else 3)
 
 
 def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int) -> list[GemmConfig]:
@@ -365,10 +369,11 @@ class TuningTable:
             entries.append(entry)
         return cls(str(doc.get("device", device)), entries, path)
 
-    def lookup(self, kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int) -> tuple[GemmConfig, str]:
+    def lookup(self, kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int,
+               small_shared: bool = False) -> tuple[GemmConfig, str]:
         """``(config, source)``: the exact entry, else the nearest token count of the same
-        key, else :func:`default_config`; ``source`` says which ("tuned", "tuned at T=8",
-        "default")."""
+        key, else :func:`default_config` (for a GPU with little shared memory per block when
+        ``small_shared``); ``source`` says which ("tuned", "tuned at T=8", "default")."""
         same = [e for e in self.entries if e.key() == (kernel, gemm, weights, n, k)]
         for e in same:
             if e.tokens == tokens:
@@ -376,7 +381,7 @@ class TuningTable:
         if same:
             best = min(same, key=lambda e: (abs(math.log(max(e.tokens, 1) / max(tokens, 1))), -e.tokens))
             return best.config, f"tuned at T={best.tokens}"
-        return default_config(kernel, gemm, weights, n, k, tokens), "default"
+        return default_config(kernel, gemm, weights, n, k, tokens, small_shared), "default"
 
     def put(self, entry: TuningEntry) -> None:
         """Add or replace the entry for its key and token count."""

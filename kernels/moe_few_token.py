@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from microbench.kernels.checks import require_runnable
+from microbench.kernels.checks import require_runnable, small_shared
 from microbench.kernels.moe_common import ExpertWeights, GemmConfig, _weight_tile, check_moe_args, default_config
 from microbench.kernels.moe_routing import expert_segments
 
@@ -198,8 +198,9 @@ def few_token_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, 
     t, top_k = check_moe_args(hidden, weights, topk_weights, topk_ids, out, check_ids)
     require_runnable(_few_w13_kernel, hidden, "hidden")
     h, inter = weights.hidden, weights.inter
-    c13 = config_w13 or default_config("few_token", "w13", weights.kind, 2 * inter, h, t)
-    c2 = config_w2 or default_config("few_token", "w2", weights.kind, h, inter, t)
+    small = small_shared(hidden.device)
+    c13 = config_w13 or default_config("few_token", "w13", weights.kind, 2 * inter, h, t, small)
+    c2 = config_w2 or default_config("few_token", "w2", weights.kind, h, inter, t, small)
     out = torch.empty_like(hidden) if out is None else out
     if t == 0:
         return out

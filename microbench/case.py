@@ -19,6 +19,11 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 Point = dict[str, Any]
 
+#: The hardware profile Triton launches build for while ``microbench compile`` runs (else
+#: None): a case that picks per-device launch configurations (a tuning table) picks the
+#: target's then, since the tensors it is handed are on the CPU.
+COMPILE_TARGET: Any = None
+
 
 @dataclass(frozen=True)
 class Cost:
@@ -105,6 +110,9 @@ class Case:
     #: On CUDA, after the gate, count the call's GPU launches and its host time once
     #: (microbench.profile), into the record's ``profile``.
     profile_calls: ClassVar[bool] = False
+    #: Whether its variants launch Triton kernels: ``microbench compile`` leaves out a case
+    #: that launches none (a torch copy or matmul would only cost CPU time there).
+    launches_triton: ClassVar[bool] = True
     #: A case with the same variant signature whose scaffold this one shares (None: its own).
     scaffold_from: ClassVar[str | None] = None
 

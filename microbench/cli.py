@@ -434,10 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare variant BASE of the base run with variant NEW of the new run")
     c.set_defaults(func=cmd_compare)
 
-    from microbench import cli_model, cli_try
+    from microbench import cli_compile, cli_model, cli_try
 
     cli_model.add_parser(sub)
     cli_try.add_parser(sub)
+    cli_compile.add_parser(sub)
 
     rep = sub.add_parser("report", help="print a result file's tables")
     rep.add_argument("result")

@@ -25,7 +25,12 @@ too.  Schema (units are checked, so "GB/s" cannot slip in where "B/s" is meant):
         "bandwidth_per_direction": {"value": 450e9, "unit": "B/s", "source": "..."},
         "latency": {"value": 2e-6, "unit": "s", "source": "..."}   # alpha of an alpha-beta allreduce model
       },
-      "match": ["H200"]   # substrings of torch.cuda.get_device_name() this profile applies to
+      "match": ["H200"],  # substrings of torch.cuda.get_device_name() this profile applies to
+      "sm": {             # optional: one SM's limits, for `microbench compile` (fit and occupancy)
+        "compute_capability": "9.0", "registers_per_sm": 65536, "max_warps_per_sm": 64,
+        "max_blocks_per_sm": 32, "max_threads_per_block": 1024, "shared_per_sm": 233472,
+        "shared_per_block": 232448, "shared_reserved_per_block": 1024, "source": "..."
+      }
     }
 
 Datasheet figures are peaks; ``measured`` records what a real run reached (a copy or a
@@ -36,12 +41,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .models import ConfigError, _read_json, _shipped
 
-__all__ = ["Figure", "HardwareProfile", "list_profiles", "load_profile", "profile_for_device_name"]
+__all__ = ["Figure", "HardwareProfile", "SmLimits", "list_profiles", "load_profile", "profile_for_device_name"]
 
 # figure name -> (unit it must be given in, required?)
 _FIGURES: dict[str, tuple[str, bool]] = {
@@ -70,6 +76,59 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class SmLimits:
+    """What one SM of a compute capability holds, and what one block may take: the limits a
+    kernel build must fit (shared memory and registers per block) and the occupancy they
+    leave.  Shared memory in bytes (``shared_per_block`` is the opt-in maximum a kernel may
+    ask for; each resident block also takes ``shared_reserved_per_block``); registers are
+    32-bit, allocated per warp in units of ``register_granularity``."""
+
+    compute_capability: str
+    registers_per_sm: int
+    max_warps_per_sm: int
+    max_blocks_per_sm: int
+    max_threads_per_block: int
+    shared_per_sm: int
+    shared_per_block: int
+    shared_reserved_per_block: int
+    source: str
+    register_granularity: int = 256
+    max_registers_per_thread: int = 255
+
+    @property
+    def arch(self) -> int:
+        """The capability as Triton's target names it: major * 10 + minor (9.0 -> 90)."""
+        major, minor = self.compute_capability.split(".")
+        return int(major) * 10 + int(minor)
+
+
+_SM_INTS = ("registers_per_sm", "max_warps_per_sm", "max_blocks_per_sm", "max_threads_per_block",
+            "shared_per_sm", "shared_per_block", "shared_reserved_per_block")
+
+
+def _sm_limits(raw: Any, label: str) -> SmLimits | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{label}: key 'sm' must be an object")
+    cc = raw.get("compute_capability")
+    if not isinstance(cc, str) or not re.fullmatch(r"\d+\.\d", cc):
+        raise ConfigError(f"{label}: sm.compute_capability must be a string like \"9.0\", got {cc!r}")
+    vals: dict[str, int] = {}
+    for key in _SM_INTS:
+        v = raw.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "shared_reserved_per_block" else 1):
+            raise ConfigError(f"{label}: missing or bad sm.{key} (a positive integer), got {v!r}")
+        vals[key] = v
+    if not isinstance(raw.get("source"), str) or not raw["source"]:
+        raise ConfigError(f"{label}: sm.source must say where these limits come from")
+    unknown = sorted(set(raw) - set(_SM_INTS) - {"compute_capability", "source"})
+    if unknown:
+        raise ConfigError(f"{label}: unknown key sm.{unknown[0]}")
+    return SmLimits(compute_capability=cc, source=raw["source"], **vals)
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """Peak figures of one GPU model and its interconnect.
 
@@ -94,6 +153,7 @@ class HardwareProfile:
     launch_overhead: Figure | None = None
     kernel_floor: Figure | None = None  # the shortest a kernel takes on the GPU, replayed
     measured: dict[str, Figure] = field(default_factory=dict)
+    sm: SmLimits | None = None  # one SM's limits (microbench compile)
 
     def peak_flops(self, dtype: str) -> Figure | None:
         """The dense tensor-core peak for GEMM operands of ``dtype`` ("bf16", "fp16",
@@ -177,7 +237,7 @@ def _profile(data: Mapping[str, Any], label: str) -> HardwareProfile:
         raise ConfigError(f"{label}: key 'int4_note' must be a string")
     return HardwareProfile(
         name=data["name"], description=data["description"], interconnect=interconnect,
-        match=list(match), int4_note=note, measured=measured, **parsed,  # type: ignore[arg-type]
+        match=list(match), int4_note=note, measured=measured, sm=_sm_limits(data.get("sm"), label), **parsed,  # type: ignore[arg-type]
     )
 
 

@@ -95,6 +95,23 @@ def test_tile_is_the_servers_hopper_choice():
         extend_tile(torch.int8)
 
 
+@pytest.mark.parametrize("tree", [False, True])
+def test_small_shared_memory_tile_matches_reference(tree, monkeypatch):
+    # on a GPU with under 128 KiB of shared memory per block (sm_86/89/120) the key block
+    # halves (the 104 KiB Hopper tile cannot launch there); odd prefixes end mid-block
+    import microbench.kernels.mla_extend as mla_extend_mod
+
+    assert tuple(extend_tile(torch.bfloat16, small_shared=True)) == (32, 32, 8, 1)
+    assert extend_tile(torch.float32, small_shared=True).block_n == 16
+    seen = []
+    monkeypatch.setattr(mla_extend_mod, "small_shared", lambda device: seen.append(device) or True)
+    dtype, atol, rtol = FP16
+    x = make_mla_inputs([7, 3, 1], [65, 1000, 31], heads=2, page_size=1, dtype=dtype, device=DEVICE, seed=31,
+                        tree=tree)
+    _run(x, dtype, atol, rtol)
+    assert seen  # the launcher asked the device
+
+
 def test_prefix_is_read_once_per_head():
     # the reason verify is slow on this kernel: heads x the prefix, against a floor of once
     def plan(q_lens, prefix_lens):  # host fields only: the count reads nothing else

@@ -1,0 +1,426 @@
+"""Ahead-of-time builds: every Triton kernel a case launches, compiled for a GPU this host
+need not have, with what each build takes on one SM of it.
+
+Inside :func:`compile_only`, a Triton launch compiles its kernel for the target (a fake
+Triton driver answers "this device is sm_90", say) and runs nothing: a case's variants are
+called as usual, on CPU tensors at the GPU's shapes, and every distinct build they ask for
+(kernel, constexprs, warps, stages) is recorded once with its registers, spills, stack and
+shared memory (ptxas' own report of the build), the blocks per SM those leave, and whether
+it fits the target at all — shared memory over the per-block limit, more threads than a
+block may hold, or more registers than an SM has, each of which fails at launch on the GPU.
+A kernel that does not compile for the target is recorded with the compiler's message.
+
+Nothing here runs a kernel, so nothing here times or checks one: this tells a developer on
+a CPU host that a configuration builds and fits, and what it costs in registers and
+occupancy, before the GPU run that measures it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from .hardware import SmLimits
+
+__all__ = ["AotError", "Build", "Failure", "Session", "compile_cases", "compile_only", "occupancy", "problems"]
+
+
+class AotError(RuntimeError):
+    """Ahead-of-time compilation cannot start here (no Triton, an interpreter build, a
+    Triton without the hooks it needs)."""
+
+
+@dataclass
+class Build:
+    """One compiled kernel: what it is, what ptxas says it takes, and who asked for it."""
+
+    kernel: str  # module.function, the package prefix dropped
+    hash: str
+    config: dict[str, Any]  # constexpr parameters by name
+    signature: str  # the runtime parameters' types, e.g. "*bf16,*bf16,i32"
+    num_warps: int
+    num_stages: int
+    shared: int  # bytes of shared memory per block
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    stack: int | None = None  # bytes of stack frame per thread
+    compile_s: float = 0.0
+    uses: dict[str, int] = field(default_factory=dict)  # "case/variant" -> points
+    max_grid: int = 0  # the largest number of programs one launch asked for
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+    def to_json(self, sm: SmLimits) -> dict[str, Any]:
+        return {"kernel": self.kernel, "hash": self.hash, "config": {k: _jsonable(v) for k, v in self.config.items()},
+                "signature": self.signature, "num_warps": self.num_warps, "num_stages": self.num_stages,
+                "shared_bytes": self.shared, "registers": self.registers, "spill_stores": self.spill_stores,
+                "spill_loads": self.spill_loads, "stack_bytes": self.stack, "compile_s": round(self.compile_s, 3),
+                "blocks_per_sm": occupancy(self, sm), "problems": problems(self, sm), "uses": dict(self.uses),
+                "max_grid": self.max_grid}
+
+
+@dataclass
+class Failure:
+    """A variant at a point that did not get through its launches: a compile error (with the
+    kernel and config that raised it) or any other error before or between launches."""
+
+    where: str  # "case/variant point"
+    error: str
+    kernel: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"where": self.where, "kernel": self.kernel, "error": self.error}
+
+
+def _jsonable(v: Any) -> Any:
+    return v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
+
+
+def occupancy(b: Build, sm: SmLimits) -> int:
+    """Blocks of this build one SM holds at once (0: it cannot launch at all), limited by
+    warps, registers (allocated per warp in units of ``register_granularity``), shared memory
+    (with the per-block reservation) and the block count."""
+    if b.threads > sm.max_threads_per_block or b.shared > sm.shared_per_block:
+        return 0
+    limits = [sm.max_blocks_per_sm, sm.max_warps_per_sm // b.num_warps]
+    if b.registers:
+        per_warp = -(-b.registers * 32 // sm.register_granularity) * sm.register_granularity
+        limits.append((sm.registers_per_sm // per_warp) // b.num_warps)
+    if b.shared:
+        limits.append(sm.shared_per_sm // (b.shared + sm.shared_reserved_per_block))
+    return max(0, min(limits))
+
+
+def problems(b: Build, sm: SmLimits) -> list[str]:
+    """Why this build cannot launch on the target (empty: it fits)."""
+    out = []
+    if b.shared > sm.shared_per_block:
+        out.append(f"shared memory {b.shared} B over the {sm.shared_per_block} B a block may take")
+    if b.threads > sm.max_threads_per_block:
+        out.append(f"{b.threads} threads over the {sm.max_threads_per_block} a block may hold")
+    if b.registers and b.registers * b.threads > sm.registers_per_sm:
+        out.append(f"{b.registers} registers x {b.threads} threads over the {sm.registers_per_sm} an SM has")
+    return out
+
+
+# ---------------------------------------------------------------------------- ptxas' report
+
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_RESOURCE = re.compile(r"REG:(\d+) STACK:(\d+)")
+
+
+def _from_ptxas_log(log: str) -> tuple[int, int, int, int] | None:
+    regs, spill = _REGS.search(log), _SPILL.search(log)
+    if not regs or not spill:
+        return None
+    return int(regs.group(1)), int(spill.group(1)), int(spill.group(2)), int(spill.group(3))
+
+
+def _from_cubin(cubin: bytes) -> tuple[int, int] | None:
+    """Registers and stack bytes from cuobjdump (a build Triton took from its cache, where
+    ptxas did not run: no spill counts then)."""
+    from triton import knobs
+
+    tool = getattr(knobs.nvidia, "cuobjdump", None)
+    path = getattr(tool, "path", None) if tool is not None else None
+    if not path:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([path, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    m = _RESOURCE.search(out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# ---------------------------------------------------------------------------- the session
+
+
+def _short(name: str) -> str:
+    for prefix in ("microbench.kernels.", "microbench.", "kernels."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _kernel_name(fn: Any) -> str:
+    """``module.function`` of a JIT function; a user's file (loaded under a private module
+    name by ``--file``) by its file name."""
+    module = str(getattr(fn, "__module__", "?"))
+    if module.startswith("microbench_user_"):
+        code = getattr(getattr(fn, "fn", None), "__code__", None)
+        if code is not None:
+            module = os.path.splitext(os.path.basename(code.co_filename))[0]
+    return _short(f"{module}.{getattr(fn, '__name__', '?')}")
+
+
+def describe(e: BaseException) -> str:
+    """One error in a few lines; a Triton compile error as its position, its reason (the
+    last line of its message) and the source line it points at."""
+    text = str(e).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    name = type(e).__name__
+    if "CompilationError" in name or any(ln.strip() == "^" for ln in lines):
+        caret = next((i for i, ln in enumerate(lines) if ln.strip() == "^"), None)
+        reason = lines[-1].strip() if lines and caret != len(lines) - 1 else ""
+        head = f"{name}: {lines[0].rstrip(':') if lines else ''}: {reason}".rstrip(": ")
+        if caret:
+            head += f"\n    {lines[caret - 1]}\n    {lines[caret]}"
+        return head
+    return _first_lines(f"{name}: {text}")
+
+
+def recorded(e: BaseException | None) -> bool:
+    """Whether a launch inside :func:`compile_only` already recorded this error (or the one it
+    wraps, as a user variant's error wraps the compiler's)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if getattr(e, "microbench_recorded", False):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+def _grid_size(grid: Any) -> int:
+    if callable(grid):
+        return 0
+    n = 1
+    for g in (grid if isinstance(grid, (tuple, list)) else (grid,)):
+        n *= int(g)
+    return n
+
+
+class Session:
+    """What one :func:`compile_only` block built: :attr:`builds` by hash, :attr:`failures`,
+    and the use (``case/variant point``) :meth:`using` names for the launches inside it."""
+
+    def __init__(self, sm: SmLimits):
+        self.sm = sm
+        self.builds: dict[str, Build] = {}
+        self.failures: list[Failure] = []
+        self._use: str | None = None
+        self._point: str = ""
+        self._counted: set[tuple[str, str, str]] = set()
+
+    @contextlib.contextmanager
+    def using(self, use: str, point: str) -> Iterator[None]:
+        self._use, self._point = use, point
+        try:
+            yield
+        finally:
+            self._use = None
+
+    def fail(self, error: BaseException, kernel: str | None = None) -> None:
+        self.failures.append(Failure(f"{self._use} {self._point}".strip(), describe(error), kernel))
+
+    def _record(self, fn: Any, kernel: Any, log: str, seconds: float, grid: Any) -> None:
+        md = kernel.metadata
+        b = self.builds.get(md.hash)
+        if b is None:
+            b = self.builds[md.hash] = _new_build(fn, kernel, log, seconds)
+        b.max_grid = max(b.max_grid, _grid_size(grid))
+        use = self._use or "(outside a case)"
+        key = (md.hash, use, self._point)
+        if key not in self._counted:
+            self._counted.add(key)
+            b.uses[use] = b.uses.get(use, 0) + 1
+
+
+def _new_build(fn: Any, kernel: Any, log: str, seconds: float) -> Build:
+    """A :class:`Build` from Triton's compiled kernel and ptxas' report (``log``)."""
+    md, src = kernel.metadata, kernel.src
+    names = list(getattr(fn, "arg_names", []))
+    sig = getattr(src, "signature", {}) or {}
+    types = list(sig.values())
+    config: dict[str, Any] = {}
+    for path, value in (getattr(src, "constants", {}) or {}).items():
+        if isinstance(path, tuple) and len(path) == 1 and isinstance(path[0], int) and path[0] < len(names):
+            config[names[path[0]]] = value
+    # integer arguments Triton specialised as multiples of 16 (each combination its own build)
+    div16 = [names[p[0]] for p, a in (getattr(src, "attrs", {}) or {}).items()
+             if isinstance(p, tuple) and len(p) == 1 and p[0] < min(len(names), len(types))
+             and str(types[p[0]]).startswith("i") and ["tt.divisibility", 16] in [list(x) for x in a]]
+    if div16:
+        config["%16"] = ",".join(div16)
+    b = Build(kernel=_kernel_name(fn), hash=md.hash, config=config,
+              signature=",".join(str(v) for v in types if v != "constexpr"),
+              num_warps=md.num_warps, num_stages=md.num_stages, shared=md.shared, compile_s=seconds)
+    parsed = _from_ptxas_log(log)
+    if parsed:
+        b.registers, b.stack, b.spill_stores, b.spill_loads = parsed
+    elif "cubin" in kernel.asm:
+        res = _from_cubin(kernel.asm["cubin"])
+        if res:
+            b.registers, b.stack = res
+    return b
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(lines[:n])
+
+
+class _TargetDriver:
+    """Just enough of a Triton driver for launches to compile for ``arch`` and stop there."""
+
+    def __init__(self, arch: int):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+        self.device = f"aot:sm{arch}"
+
+    def is_active(self) -> bool:
+        return True
+
+    def get_current_device(self) -> str:
+        return self.device
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+
+def _triton_parts() -> tuple[Any, Any, Any]:
+    try:
+        import triton
+        from triton import knobs
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import JITFunction
+    except ImportError as e:
+        raise AotError(f"Triton is not importable here ({e}); microbench compile needs it") from None
+    if not hasattr(driver, "set_active") or not hasattr(JITFunction, "run"):
+        raise AotError(f"Triton {triton.__version__} lacks the driver hook microbench compile uses")
+    return knobs, driver, JITFunction
+
+
+def toolchain(arch: int) -> dict[str, str]:
+    """The Triton and ptxas versions a build for ``arch`` uses (the report depends on both)."""
+    import triton
+    from triton import knobs
+
+    out = {"triton": triton.__version__}
+    try:
+        tool = knobs.nvidia.ptxas if arch < 100 else knobs.nvidia.ptxas_blackwell
+        out["ptxas"] = str(tool.version)
+    except Exception as e:  # noqa: BLE001 - a missing tool shows when a build fails
+        out["ptxas"] = f"unknown ({type(e).__name__})"
+    return out
+
+
+def check_not_interpreted(kernel: Any) -> None:
+    """Raise :class:`AotError` when ``kernel`` was built by Triton's interpreter, which
+    compiles nothing (TRITON_INTERPRET=1 was set before its module was imported)."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return
+    if isinstance(kernel, InterpretedFunction):
+        raise AotError("the kernels were built by Triton's interpreter (TRITON_INTERPRET=1 was set before they "
+                       "were imported), which compiles nothing: run microbench compile in a process without it")
+
+
+@contextlib.contextmanager
+def compile_only(sm: SmLimits, cache_dir: str | None = None) -> Iterator[Session]:
+    """Within the block, every Triton launch compiles for ``sm``'s capability and returns
+    without running; the yielded :class:`Session` collects the builds.  Triton's cache is a
+    private directory (so ptxas runs and reports on every build) unless ``cache_dir`` is
+    given.  Everything is put back on exit."""
+    knobs, driver, JITFunction = _triton_parts()
+    from microbench.kernels import checks
+
+    session = Session(sm)
+    original = JITFunction.run
+
+    def compile_instead(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        log = io.StringIO()
+        t0 = time.perf_counter()
+        try:
+            with contextlib.redirect_stdout(log):  # ptxas' report, printed by Triton on request
+                kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
+        except Exception as e:
+            session.fail(e, _kernel_name(self))
+            e.microbench_recorded = True  # type: ignore[attr-defined]  (the case loop records it once)
+            raise
+        session._record(self, kernel, log.getvalue(), time.perf_counter() - t0, grid)
+        return kernel
+
+    saved_driver = driver._active
+    saved_log, saved_cache = knobs.nvidia.dump_ptxas_log, knobs.cache.dir
+    saved_flag, saved_shared = checks.COMPILE_ONLY, checks.COMPILE_SHARED_PER_BLOCK
+    with tempfile.TemporaryDirectory(prefix="microbench-aot-") as tmp:
+        driver.set_active(_TargetDriver(sm.arch))
+        JITFunction.run = compile_instead
+        knobs.nvidia.dump_ptxas_log = True
+        knobs.cache.dir = cache_dir or tmp
+        checks.COMPILE_ONLY = True
+        checks.COMPILE_SHARED_PER_BLOCK = sm.shared_per_block
+        try:
+            yield session
+        finally:
+            JITFunction.run = original
+            driver._active = saved_driver
+            knobs.nvidia.dump_ptxas_log = saved_log
+            knobs.cache.dir = saved_cache
+            checks.COMPILE_ONLY, checks.COMPILE_SHARED_PER_BLOCK = saved_flag, saved_shared
+
+
+def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]], session: Session, seed: int = 0,
+                  variants: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> int:
+    """Call every variant of ``cases`` at each point of ``suite``'s GPU axes (narrowed by
+    ``picks``, as ``--axis`` does) on CPU inputs, inside a :func:`compile_only` session, so
+    each launch builds for the target.  Cases that launch no Triton kernel, and multi-rank
+    cases, are left out; so are variants that run only on CUDA (they are not Triton).
+    Returns the number of (point, variant) calls made.
+
+    Raises:
+        ValueError: an axis or value ``picks`` names that a case does not have.
+    """
+    import gc
+
+    from .case import expand, narrow, point_label, point_seed
+
+    calls = 0
+    for case in cases:
+        if case.distributed or not case.launches_triton:
+            continue
+        axes = narrow(case.axes(suite, "cuda"), {k: v for k, v in picks.items() if k in case.axes(suite, "cuda")},
+                      case.id, case.parse_axis_value)
+        points = [p for p in expand(axes) if case.skip(p, "cuda") is None]
+        chosen = [v for v in case.variants() if v.runs_on("cpu") and (not variants or v.name in variants)]
+        if progress:
+            progress(f"{case.id}: {len(points)} points x {len(chosen)} variants")
+        for point in points:
+            label = point_label(point)
+            with session.using(f"{case.id} (setup)", label):
+                try:
+                    workload = case.setup(point, "cpu", point_seed(seed, case.id, point))
+                except Exception as e:  # noqa: BLE001 - recorded; the next point still builds
+                    session.fail(e)
+                    continue
+            for v in chosen:
+                if case.skip_variant(v.name, point, "cuda") is not None:
+                    continue
+                calls += 1
+                with session.using(f"{case.id}/{v.name}", label):
+                    try:
+                        v.fn(**workload.kwargs())
+                    except Exception as e:  # noqa: BLE001 - recorded; the next variant still builds
+                        if not recorded(e):
+                            session.fail(e)
+            del workload
+            gc.collect()
+    return calls

@@ -1,0 +1,251 @@
+"""``microbench compile``: every Triton kernel built for a GPU this host lacks, its
+resources read from ptxas, its fit and occupancy judged against the target's SM limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from microbench.aot import AotError, Build, check_not_interpreted, describe, occupancy, problems
+from microbench.hardware import load_profile
+from microbench.models import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = os.path.join(ROOT, "tests", "aot_kernels.py")
+H200 = load_profile("h200").sm
+ONE_NORM = ["--case", "norm.rmsnorm", "--axis", "tokens=4", "--axis", "norm=input"]
+
+
+def _compile(args, tmp_path, timeout=600):
+    """The command in a fresh process (the test process built its kernels with the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_INTERPRET"] = "1"  # what a CPU shell often has: the command must not care
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    out = tmp_path / "compile.json"
+    p = subprocess.run([sys.executable, "-m", "microbench", "compile", *args, "--json", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    doc = json.loads(out.read_text()) if out.exists() else None
+    return p, doc
+
+
+def _build(**kw):
+    base = dict(kernel="k", hash="h", config={}, signature="", num_warps=4, num_stages=2, shared=0, registers=32)
+    return Build(**{**base, **kw})
+
+
+def test_occupancy_follows_registers_shared_memory_and_warps():
+    # 255 registers round up to 8192 per warp: 8 warps per SM, one 8-warp block
+    assert occupancy(_build(registers=255, num_warps=8), H200) == 1
+    # 32 registers x 4 warps: the warp limit (64 / 4 = 16) binds before the registers (16)
+    assert occupancy(_build(registers=32, num_warps=4), H200) == 16
+    # 100 KiB of shared memory + 1 KiB reserved: two blocks in 228 KiB
+    assert occupancy(_build(shared=100 * 1024), H200) == 2
+    # tiny blocks stop at 32 per SM
+    assert occupancy(_build(registers=16, num_warps=1), H200) == 32
+    assert occupancy(_build(shared=H200.shared_per_block + 1), H200) == 0
+
+
+def test_problems_name_each_limit_a_build_breaks():
+    assert problems(_build(), H200) == []
+    assert problems(_build(shared=H200.shared_per_block), H200) == []  # the opt-in maximum itself fits
+    bad = problems(_build(shared=H200.shared_per_block + 1, num_warps=64), H200)
+    assert any("shared memory" in p for p in bad) and any("2048 threads" in p for p in bad)
+    rtx = load_profile("rtx-pro-6000").sm
+    assert rtx.arch == 120 and H200.arch == 90
+    # what fits an H200 block can be too much for an RTX PRO 6000 one
+    assert problems(_build(shared=128 * 1024), H200) == [] and problems(_build(shared=128 * 1024), rtx)
+
+
+def test_describe_keeps_a_compile_errors_reason_and_source_line():
+    msg = ("at 4:50:\ndef k(x):\n    a = tl.load(x)\n    tl.store(x, tl.dot(a, a))\n              ^\n"
+           "Input shapes should have M >= 1, N >= 1 and K >= 16")
+    CompilationError = type("CompilationError", (Exception,), {})
+    text = describe(CompilationError(msg))
+    assert text.startswith("CompilationError: at 4:50: Input shapes should have M >= 1, N >= 1 and K >= 16")
+    assert "tl.store(x, tl.dot(a, a))" in text and text.rstrip().endswith("^")
+
+
+def test_interpreted_kernels_are_refused():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("this process compiles its kernels")
+    from microbench.kernels import launch
+
+    with pytest.raises(AotError, match="interpreter"):
+        check_not_interpreted(launch._empty_kernel)
+
+
+def test_profile_sm_block_is_checked():
+    from microbench.hardware import _sm_limits
+
+    good = {"compute_capability": "9.0", "registers_per_sm": 65536, "max_warps_per_sm": 64, "max_blocks_per_sm": 32,
+            "max_threads_per_block": 1024, "shared_per_sm": 233472, "shared_per_block": 232448,
+            "shared_reserved_per_block": 1024, "source": "a table"}
+    assert _sm_limits(good, "p").arch == 90
+    for key, bad in [("compute_capability", "sm90"), ("shared_per_block", 0), ("registers_per_sm", "64K"),
+                     ("source", ""), ("extra", 1)]:
+        with pytest.raises(ConfigError, match=key):
+            _sm_limits({**good, key: bad}, "p")
+
+
+def test_moe_picks_the_targets_tuning_table(monkeypatch, tmp_path):
+    from microbench import case as case_mod
+    from microbench.cases import moe
+
+    (tmp_path / "nvidia-h200.json").write_text("{}")
+    (tmp_path / "nvidia-rtx-pro-6000-blackwell-server-edition.json").write_text("{}")
+    monkeypatch.setattr(moe, "TUNING_DIR", str(tmp_path))
+    assert moe.device_slug("cpu") == "cpu"
+    monkeypatch.setattr(case_mod, "COMPILE_TARGET", load_profile("h200"))
+    assert moe.device_slug("cpu") == "nvidia-h200"
+    monkeypatch.setattr(case_mod, "COMPILE_TARGET", load_profile("rtx-pro-6000"))
+    assert moe.device_slug("cpu") == "nvidia-rtx-pro-6000-blackwell-server-edition"
+
+
+def test_cli_builds_a_suites_kernels_for_h200(tmp_path):
+    p, doc = _compile([*ONE_NORM, "--target", "h200"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "rmsnorm._fused_add_rmsnorm_kernel" in p.stdout and "sm_90" in p.stderr
+    assert doc["arch"] == 90 and doc["failures"] == []
+    (b,) = [b for b in doc["builds"] if b["kernel"] == "rmsnorm._fused_add_rmsnorm_kernel"]
+    assert b["registers"] > 0 and b["spill_stores"] == 0 and b["problems"] == [] and b["blocks_per_sm"] >= 1
+    assert b["uses"] == {"norm.rmsnorm/triton": 1} and b["config"]["BLOCK"] == 8192  # hidden 7168 -> 8192
+    assert b["signature"].startswith("*bf16")  # the verify suite's dtype, compiled, not interpreted
+
+
+def test_cli_reports_a_build_that_cannot_fit_and_one_that_does_not_compile(tmp_path):
+    p, doc = _compile([*ONE_NORM, "--file", f"{KERNELS}::big_tiles", "--variant", "big_tiles"], tmp_path)
+    assert p.returncode == 1, p.stderr
+    (b,) = doc["builds"]
+    assert b["kernel"] == "aot_kernels._big_tiles" and b["shared_bytes"] > H200.shared_per_block
+    assert "shared memory" in b["problems"][0] and b["blocks_per_sm"] == 0
+    assert "NO: shared memory" in p.stdout and "1 do not fit" in p.stdout
+
+    p, doc = _compile([*ONE_NORM, "--file", f"{KERNELS}::tiny_dot", "--variant", "tiny_dot"], tmp_path)
+    assert p.returncode == 1
+    (f,) = doc["failures"]  # once, though the user's wrapper re-raises it
+    assert f["kernel"] == "aot_kernels._tiny_dot" and "K >= 16" in f["error"] and "tl.dot(a, a)" in f["error"]
+    assert "FAILED norm.rmsnorm/tiny_dot" in p.stdout
+
+    p, doc = _compile([*ONE_NORM, "--file", f"{KERNELS}::fits", "--variant", "fits", "--target", "rtx-pro-6000"],
+                      tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert doc["arch"] == 120 and doc["builds"][0]["problems"] == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--target", "nope"], "unknown hardware profile 'nope'"),
+    (["--case", "norm.rmsnorm", "--axis", "tokens=3"], "axis tokens has no value 3"),
+    (["--case", "norm.rmsnorm", "--axis", "bogus=1"], "no selected case has axis bogus"),
+    (["--case", "calibration.copy"], "no selected case launches Triton kernels"),
+    (["--case", "norm.rmsnorm", "--variant", "nope"], "unknown variant nope"),
+    (["--case", "norm.rmsnorm", "--file", "missing.py::f"], "missing.py: no such file"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    p, _ = _compile(args, tmp_path, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_launchers_read_the_targets_shared_memory(monkeypatch):
+    from microbench.kernels import checks
+    from microbench.kernels.moe_common import TuningTable, default_config
+
+    assert checks.shared_memory_per_block("cpu") is None and not checks.small_shared("cpu")
+    monkeypatch.setattr(checks, "COMPILE_ONLY", True)
+    monkeypatch.setattr(checks, "COMPILE_SHARED_PER_BLOCK", load_profile("rtx-pro-6000").sm.shared_per_block)
+    assert checks.small_shared("cpu")
+    monkeypatch.setattr(checks, "COMPILE_SHARED_PER_BLOCK", H200.shared_per_block)
+    assert not checks.small_shared("cpu")
+    # the few-token kernel's INT4 w13 tile needs 3 stages' worth (108-120 KiB) only where it fits
+    big = default_config("few_token", "w13", "int4", 512, 7168, 4)
+    small = default_config("few_token", "w13", "int4", 512, 7168, 4, small_shared=True)
+    assert (big.num_stages, small.num_stages) == (3, 2) and small.block_n == big.block_n
+    table = TuningTable("x", [], None)
+    assert table.lookup("few_token", "w13", "int4", 512, 7168, 4, True) == (small, "default")
+    assert default_config("fused", "w13+w2", "int4", 512, 7168, 4, small_shared=True).num_stages == 3
+
+
+def _compile_pair(args_a, args_b, tmp_path):
+    """Two compile runs side by side (one per CPU core)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    procs, outs = [], []
+    for i, args in enumerate((args_a, args_b)):
+        out = tmp_path / f"c{i}.json"
+        outs.append(out)
+        procs.append(subprocess.Popen([sys.executable, "-m", "microbench", "compile", *args, "--json", str(out)],
+                                      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for p, out in zip(procs, outs):
+        stdout, stderr = p.communicate(timeout=900)
+        results.append((p.returncode, stdout, stderr, json.loads(out.read_text()) if out.exists() else None))
+    return results
+
+
+# The verify suite's launches at the points that pick distinct tiles: q_len 1 (decode),
+# 4 (BLOCK_M 32) and 8 (BLOCK_M 64); Kimi-K2.5 TP8 experts at T = 4 and 64 (M_TILE 16 / 64)
+# in both weight formats; routing, alignment and norms at all their points.
+VERIFY_TILES = ["--case", "attention.mla_verify,moe.experts,moe.router,moe.align,norm.rmsnorm",
+                "--axis", "batch=1", "--axis", "context=1024", "--axis", "draft_tokens=1,4,8",
+                "--axis", "layout=kimi-tp8", "--axis", "tokens=4,64", "--axis", "routing=router"]
+
+
+@pytest.mark.slow
+def test_every_verify_kernel_builds_and_fits_on_h200_and_rtx_pro_6000(tmp_path):
+    (rc_h, _, err_h, h200), (rc_r, _, err_r, rtx) = _compile_pair(
+        [*VERIFY_TILES, "--target", "h200"], [*VERIFY_TILES, "--target", "rtx-pro-6000"], tmp_path)
+    assert rc_h == 0, err_h
+    assert rc_r == 0, err_r  # the 99 KiB blocks of sm_120 take the small-shared tiles
+    for doc in (h200, rtx):
+        kernels = {b["kernel"] for b in doc["builds"]}
+        for k in ("mla_extend._mla_extend_kernel", "mla_verify._mla_verify_split_kernel",
+                  "mla_decode._mla_decode_stage1_kernel", "moe_fused._fused_moe_kernel",
+                  "moe_few_token._few_w13_kernel", "moe_routing._grouped_topk_kernel"):
+            assert k in kernels, (doc["target"], k)
+        assert doc["failures"] == [] and all(b["problems"] == [] for b in doc["builds"])
+    ext = {d["target"]: [b for b in d["builds"] if b["kernel"] == "mla_extend._mla_extend_kernel"][0]
+           for d in (h200, rtx)}
+    assert ext["h200-sxm"]["config"]["BLOCK_N"] == 64 and ext["rtx-pro-6000-blackwell"]["config"]["BLOCK_N"] == 32
+    # the Hopper tile is what would not launch on sm_120
+    assert ext["h200-sxm"]["shared_bytes"] > load_profile("rtx-pro-6000").sm.shared_per_block
+
+
+def test_ptxas_report_is_parsed():
+    from microbench.aot import _from_ptxas_log
+
+    log = ("ptxas info    : Compiling entry function '_k' for 'sm_90a'\n"
+           "ptxas info    : Function properties for _k\n"
+           "    40 bytes stack frame, 36 bytes spill stores, 32 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 1 barriers, 40 bytes cumulative stack size\n")
+    assert _from_ptxas_log(log) == (255, 40, 36, 32)
+    assert _from_ptxas_log("") is None
+
+
+def test_a_cached_build_is_read_from_its_cubin(tmp_path):
+    # a build Triton already holds was not reported on by ptxas: registers come from cuobjdump
+    script = f"""
+import json, os, torch
+from microbench.aot import compile_only
+from microbench.hardware import load_profile
+from microbench.kernels.rmsnorm import rmsnorm
+sm = load_profile("h200").sm
+x, w = torch.randn(2, 512, dtype=torch.bfloat16), torch.randn(512, dtype=torch.bfloat16)
+out = []
+for _ in range(2):
+    with compile_only(sm, cache_dir={str(tmp_path)!r}) as s:
+        rmsnorm(x, w, 1e-6)
+    (b,) = s.builds.values()
+    out.append([b.registers, b.stack, b.spill_stores])
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    first, again = json.loads(p.stdout.strip().splitlines()[-1])
+    assert first[0] > 0 and first[2] == 0  # from ptxas: registers and spills
+    assert again[0] == first[0] and again[1] == first[1] and again[2] is None  # from the cubin: no spill count
