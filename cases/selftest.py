@@ -38,6 +38,7 @@ class CpuWork(Case):
     scaffold_from = "calibration.matmul"  # the same signature: c = a @ b
     title = "harness self-test: the same CPU work, and 10% more of it"
     baseline = "anchor"
+    launches_triton = False  # torch matmuls on the CPU
 
     def __init__(self, reps: int = BASE_REPS, extra: float = 0.10):
         self.reps = reps

@@ -76,8 +76,11 @@ def cmd_compile(a: argparse.Namespace) -> int:
     from microbench import case as case_mod
     from microbench import hardware
     from microbench.aot import AotError, check_not_interpreted, compile_cases, compile_only, problems, toolchain
+    from microbench.cases import SUITES
     from microbench.cli import _select_cases
 
+    if a.suite not in SUITES:
+        raise UsageError(f"unknown suite {a.suite!r} (suites: {', '.join(SUITES)})")
     profile = hardware.load_profile(a.target)
     if profile.sm is None:
         raise UsageError(f"--target {a.target}: profile {profile.name} has no 'sm' block (one SM's limits), "

@@ -141,6 +141,8 @@ def test_cli_reports_a_build_that_cannot_fit_and_one_that_does_not_compile(tmp_p
     (["--case", "norm.rmsnorm", "--axis", "tokens=3"], "axis tokens has no value 3"),
     (["--case", "norm.rmsnorm", "--axis", "bogus=1"], "no selected case has axis bogus"),
     (["--case", "calibration.copy"], "no selected case launches Triton kernels"),
+    (["--case", "norm.rmsnorm", "--suite", "nope"], "unknown suite 'nope'"),
+    (["--suite", "selftest"], "no selected case launches Triton kernels"),
     (["--case", "norm.rmsnorm", "--variant", "nope"], "unknown variant nope"),
     (["--case", "norm.rmsnorm", "--file", "missing.py::f"], "missing.py: no such file"),
 ])
@@ -249,3 +251,12 @@ print(json.dumps(out))
     first, again = json.loads(p.stdout.strip().splitlines()[-1])
     assert first[0] > 0 and first[2] == 0  # from ptxas: registers and spills
     assert again[0] == first[0] and again[1] == first[1] and again[2] is None  # from the cubin: no spill count
+
+
+def test_a_profile_without_sm_limits_is_refused(tmp_path):
+    doc = json.load(open(os.path.join(ROOT, "cases", "hardware", "h200-sxm.json")))
+    del doc["sm"]
+    path = tmp_path / "no-sm.json"
+    path.write_text(json.dumps(doc))
+    p, _ = _compile(["--target", str(path), "--case", "norm.rmsnorm"], tmp_path, timeout=120)
+    assert p.returncode == 2 and "has no 'sm' block" in p.stderr and "Traceback" not in p.stderr
