@@ -79,7 +79,7 @@ def cmd_list(a: argparse.Namespace) -> int:
         print()
     for c in cases:
         print(f"{c.id}  ({c.title})")
-        print(f"  variants: " + ", ".join(v.name + (" [baseline]" if v.name == c.baseline else "")
+        print("  variants: " + ", ".join(v.name + (" [baseline]" if v.name == c.baseline else "")
                                           for v in c.variants()))
         for s in (SUITES if a.suite is None else [a.suite]):
             axes = c.axes(s, device)

@@ -69,6 +69,66 @@ def table(builds: list[Any], sm: Any, fmt: str) -> str:
     return tabulate(rows, head, tablefmt="github" if fmt == "markdown" else "simple") + "\n"
 
 
+def _load_baseline(path: str, arch: int) -> dict[str, Any]:
+    """A previous ``--json`` report, for the same target (UsageError otherwise)."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--baseline {path}: cannot read it ({e})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != "microbench.compile" or not isinstance(doc.get("builds"), list):
+        raise UsageError(f"--baseline {path}: not a microbench compile report (write one with --json)")
+    if doc.get("version") != 1:
+        raise UsageError(f"--baseline {path}: report version {doc.get('version')!r}, this microbench reads 1")
+    if doc.get("arch") != arch:
+        raise UsageError(f"--baseline {path}: built for sm_{doc.get('arch')}, not sm_{arch}")
+    return doc
+
+
+def _key(b: dict[str, Any]) -> tuple:
+    return (b["kernel"], b["signature"], b["num_warps"], b["num_stages"], json.dumps(b["config"], sort_keys=True))
+
+
+_COMPARED = (("registers", "regs"), ("spill_stores", "spill st B"), ("shared_bytes", "smem B"),
+             ("blocks_per_sm", "blocks/SM"))
+
+
+def diff(old: list[dict[str, Any]], new: list[dict[str, Any]], fmt: str) -> tuple[str, dict[str, int]]:
+    """What changed between two reports' builds, matched by kernel, signature, warps,
+    stages and full config: changed resources (old -> new), builds only in the new report
+    (``+``) and only in the old one (``-``); and the counts."""
+    from tabulate import tabulate
+
+    before, after = {_key(b): b for b in old}, {_key(b): b for b in new}
+    rows = []
+    counts = {"changed": 0, "added": 0, "removed": 0, "same": 0}
+    configs = _configs([_Shim(b) for b in [*old, *new]])
+    for k in sorted(set(before) | set(after)):
+        o, n = before.get(k), after.get(k)
+        if o and n:
+            moved = [(f, o.get(f), n.get(f)) for f, _ in _COMPARED if o.get(f) != n.get(f)]
+            if not moved:
+                counts["same"] += 1
+                continue
+            counts["changed"] += 1
+            rows.append(["~", n["kernel"], configs[id(n)],
+                         *[f"{o.get(f)} -> {n.get(f)}" if o.get(f) != n.get(f) else n.get(f) for f, _ in _COMPARED]])
+        else:
+            b = n or o
+            counts["added" if n else "removed"] += 1
+            rows.append(["+" if n else "-", b["kernel"], configs[id(b)], *[b.get(f) for f, _ in _COMPARED]])
+    head = ["", "kernel", "config", *[h for _, h in _COMPARED]]
+    text = tabulate(rows, head, tablefmt="github" if fmt == "markdown" else "simple") + "\n" if rows else ""
+    return text, counts
+
+
+class _Shim:
+    """A report's build as :func:`_configs` reads it (kernel, config, hash)."""
+
+    def __init__(self, b: dict[str, Any]):
+        self.kernel, self.config, self.hash = b["kernel"], b["config"], id(b)
+
+
 def cmd_compile(a: argparse.Namespace) -> int:
     # Triton decides interpreter or compiler when a kernel module is imported: this command
     # needs the compiler, whatever the shell says
@@ -106,6 +166,7 @@ def cmd_compile(a: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"unknown variant {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
     sm = profile.sm
+    baseline = _load_baseline(a.baseline, sm.arch) if a.baseline else None
     t0 = time.perf_counter()
 
     def progress(text: str) -> None:
@@ -146,6 +207,12 @@ def cmd_compile(a: argparse.Namespace) -> int:
     if a.format != "csv":
         print(("\n" if a.format == "markdown" else "") + summary)
     print(f"microbench compile: {summary} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    if baseline is not None:
+        text, n = diff(baseline["builds"], [b.to_json(sm) for b in builds], a.format)
+        print(f"\nvs {a.baseline} (Triton {baseline.get('triton')}, ptxas {baseline.get('ptxas')}): {n['changed']} "
+              f"changed, {n['added']} added (+), {n['removed']} removed (-), {n['same']} the same")
+        if text:
+            print(("\n" if a.format == "markdown" else "") + text, end="")
     if a.json:
         doc = {"schema": "microbench.compile", "version": 1, "target": profile.name, "arch": sm.arch,
                "suite": a.suite, **tools, "limits": {k: v for k, v in vars(sm).items()},
@@ -201,4 +268,6 @@ def add_parser(sub) -> None:
     c.add_argument("--format", choices=["text", "markdown", "csv"], default="text", help="table format")
     c.add_argument("--json", metavar="PATH", help="also write every build's details (full config, uses) as JSON")
     c.add_argument("--fail-on-spill", action="store_true", help="exit 1 when any build spills registers")
+    c.add_argument("--baseline", metavar="JSON", help="a previous --json report for the same target: also print "
+                   "what changed (registers, spills, shared memory, blocks/SM; builds added and removed)")
     c.set_defaults(func=cmd_compile)

@@ -56,7 +56,7 @@ def _check_small(case: Any, variant: Any, device: str, seed: int) -> list[tuple[
 
 def _vs_best(case: Any, name: str, records: list[dict[str, Any]], min_effect: float) -> None:
     """Add 'vs best' (the user's variant against the fastest of the case's own, paired)."""
-    from microbench import stats
+    from microbench import verdicts
     from microbench.results import record_key
 
     by_point: dict[tuple, list[dict[str, Any]]] = {}
@@ -68,7 +68,7 @@ def _vs_best(case: Any, name: str, records: list[dict[str, Any]], min_effect: fl
         if mine is None or not own:
             continue
         best = min(own, key=lambda r: r["timing"]["summary"]["median"])
-        v = stats.compare_paired(best["timing"]["samples_s"], mine["timing"]["samples_s"], min_effect=min_effect)
+        v = verdicts.compare_paired(best["timing"]["samples_s"], mine["timing"]["samples_s"], min_effect=min_effect)
         mine.setdefault("derived", {})["vs best"] = f"×{v.ratio:.3f} {v.label} vs {best['variant']}"
 
 

@@ -1,7 +1,7 @@
 """``microbench compare BASE NEW``: is a difference code, noise, or environment?
 
 Records are matched by case id, axis values and variant. Each matched pair gets a verdict
-from its raw samples (:func:`microbench.stats.compare_samples`): the ratio new/base of the
+from its raw samples (:func:`microbench.verdicts.compare_samples`): the ratio new/base of the
 medians with a bootstrap confidence interval, corrected by the environment probe timed
 beside each point in both runs when both have it. Then an environment section lists every
 difference able to explain a change without any code changing: the SM clock during a case
@@ -18,7 +18,7 @@ import numpy as np
 
 from tabulate import tabulate
 
-from microbench import stats
+from microbench import stats, verdicts
 from microbench.report import fmt_time
 from microbench.results import record_key
 
@@ -112,7 +112,7 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
             return row
         (bs, bpass), (ns, npass) = sb, sn
         probes = False
-    wander, df = stats.combined_wander(bs, bpass, ns, npass)
+    wander, df = verdicts.combined_wander(bs, bpass, ns, npass)
     own_df = df
     if df == 0 and pooled is not None:
         wander, df = pooled
@@ -120,7 +120,7 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
     env = float(np.median(np_) / np.median(bp)) if probes else None
     # an uncorrected probe move bounds what the machine alone could have done to this case
     shift = abs(math.log(env)) if env and not probe_correct else 0.0
-    v = stats.compare_samples(bs, ns, min_effect=min_effect, env_sigma=wander, env_df=df, quantile=quantile,
+    v = verdicts.compare_samples(bs, ns, min_effect=min_effect, env_sigma=wander, env_df=df, quantile=quantile,
                               base_probe=bp if probes and probe_correct else None,
                               new_probe=np_ if probes and probe_correct else None, env_shift=shift)
     row.update(label=v.label, ratio=v.ratio, lo=v.lo, hi=v.hi, raw_ratio=v.raw_ratio, env_ratio=env,
@@ -151,7 +151,7 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     machine the probe and a case did not move together (over 14 A/A pairs the corrected
     ratio was further from 1 than the raw one in 10), so the probe explains, and two
     things widen the interval: the record's own wander over time
-    (:func:`microbench.stats.block_sigma`; for a record too short to estimate it, the
+    (:func:`microbench.verdicts.block_sigma`; for a record too short to estimate it, the
     median wander of the run's other records), and the probe's move between the runs (a
     case is not corrected by it, but a change no larger than it is not called code).
 

@@ -47,7 +47,7 @@ import socket
 import subprocess
 from typing import Any, Callable
 
-from microbench.nvml import ClockSampler, decode_throttle_reasons, gpu_snapshot  # re-exported
+from microbench.nvml import ClockSampler, decode_throttle_reasons, gpu_snapshot  # noqa: F401  (re-exported)
 from microbench.nvml import _call, _get, _nvml, _nvml_handle, _snapshot_handle, _torch_cuda, _why
 
 FINGERPRINT_VERSION = 1

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from microbench import probe, stats
+from microbench import probe, stats, verdicts
 from microbench.case import Case, Point, Variant, Workload, expand, narrow, point_label, point_seed
 from microbench.env import ClockSampler
 from microbench.gate import check_variant
@@ -272,13 +272,13 @@ class Runner:
                 continue
             t = r["timing"]
             if self.opts.interleave:
-                v = stats.compare_paired(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect)
+                v = verdicts.compare_paired(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect)
             else:
                 # sequential: the two were timed at different moments, so each one's wander
                 # over time (between passes, or blocks of one pass) widens the interval
-                wander, df = stats.combined_wander(bt["samples_s"], bt.get("passes"), t["samples_s"],
+                wander, df = verdicts.combined_wander(bt["samples_s"], bt.get("passes"), t["samples_s"],
                                                    t.get("passes"))
-                v = stats.compare_samples(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect,
+                v = verdicts.compare_samples(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect,
                                           env_sigma=wander, env_df=df)
             r["vs_baseline"] = v.to_dict()
 

@@ -6,7 +6,7 @@ import copy
 
 import numpy as np
 
-from microbench import compare, stats
+from microbench import compare, stats, verdicts
 
 T0 = 1e-4
 
@@ -53,7 +53,7 @@ def test_a_run_that_wandered_cannot_call_a_shift_of_that_size():
     new[n // 2:] *= 1.15
     res = compare.compare_runs(_doc({"k": _samples(rng, n=n)}), _doc({"k": list(new)}))
     row = res["rows"][0]
-    assert stats.compare_samples(_samples(np.random.default_rng(2), n=n), list(new)).label == "SLOWER"
+    assert verdicts.compare_samples(_samples(np.random.default_rng(2), n=n), list(new)).label == "SLOWER"
     assert row["label"] == "UNSURE", row
     assert any("wandered" in n for n in row["notes"])
     assert any("wandered within the runs" in line for line in res["env"])

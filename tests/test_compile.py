@@ -260,3 +260,28 @@ def test_a_profile_without_sm_limits_is_refused(tmp_path):
     path.write_text(json.dumps(doc))
     p, _ = _compile(["--target", str(path), "--case", "norm.rmsnorm"], tmp_path, timeout=120)
     assert p.returncode == 2 and "has no 'sm' block" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_baseline_shows_what_a_change_did_to_each_build(tmp_path):
+    p, doc = _compile(ONE_NORM, tmp_path)
+    assert p.returncode == 0, p.stderr
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(doc))
+    p, _ = _compile([*ONE_NORM, "--baseline", str(base)], tmp_path)
+    assert p.returncode == 0 and "0 changed, 0 added (+), 0 removed (-), 1 the same" in p.stdout
+    # the same build with fewer registers before, and a build that no longer exists
+    (b,) = doc["builds"]
+    gone = {**b, "config": {**b["config"], "BLOCK": 4096}}
+    doc["builds"] = [{**b, "registers": b["registers"] - 5, "spill_stores": 8}, gone]
+    base.write_text(json.dumps(doc))
+    p, _ = _compile([*ONE_NORM, "--baseline", str(base)], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "1 changed, 0 added (+), 1 removed (-), 0 the same" in p.stdout
+    assert f"{b['registers'] - 5} -> {b['registers']}" in p.stdout and "8 -> 0" in p.stdout
+    assert "BLOCK=4096" in p.stdout
+    # a report for another target, or not a report at all, is refused
+    p, _ = _compile([*ONE_NORM, "--baseline", str(base), "--target", "rtx-pro-6000"], tmp_path, timeout=120)
+    assert p.returncode == 2 and "built for sm_90, not sm_120" in p.stderr
+    (tmp_path / "other.json").write_text(json.dumps({"schema": "microbench.result"}))
+    p, _ = _compile([*ONE_NORM, "--baseline", str(tmp_path / "other.json")], tmp_path, timeout=120)
+    assert p.returncode == 2 and "not a microbench compile report" in p.stderr

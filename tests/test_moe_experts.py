@@ -1,14 +1,7 @@
-"""Fused MoE experts: INT4 layout, reference, both kernels, segments, tuning table, cost.
+"""Fused MoE experts: both kernels against the reference, bad input, segments.
 
 What is checked against what:
 
-- ``pack_int4`` / ``unpack_int4`` against words built by hand from known nibbles
-  (``word = sum((q_j + 8) << 4j)``, the top nibble landing in the int32 sign bit), and
-  against each other (re-packing the unpacked weight gives the same words and scales;
-  the dequantisation error is at most half a scale); ``check_int4_weight`` names the
-  argument in its ``ValueError``.
-- ``fused_moe_ref`` against a per-token, per-choice loop in float64; its INT4 path against
-  its dense path on the ``unpack_int4``'d weights.
 - ``fused_moe`` (server-style baseline) and ``few_token_moe`` against ``fused_moe_ref``
   fed the very same fp16 weights (or INT4 words with the same fp16 scales): odd token
   counts, experts with no tokens, one expert chosen by every token, all choices of every
@@ -16,8 +9,10 @@ What is checked against what:
   16 tokens (several row blocks), routing from the real router, ``out=`` in place.
 - Bad input to both launchers and to ``prepare_weights``: ``ValueError`` naming the
   argument, before anything is launched.
-- ``expert_segments`` against ``align_ref`` at block size 1; ``TuningTable`` save/load and
-  lookup rules; ``GemmConfig`` validation; ``moe_cost`` against numbers worked by hand.
+- ``expert_segments`` against ``align_ref`` at block size 1.
+
+The INT4 layout and the reference itself are checked in tests/test_moe_reference.py, the
+tuning table, configurations and cost in tests/test_moe_tuning.py.
 
 Inputs are seeded.  On CPU the kernels run under Triton's interpreter (tests/conftest.py)
 in fp16 (the interpreter's bf16 ``tl.dot`` is broken); the bf16 checks at Kimi-K2.5 TP8
@@ -26,9 +21,7 @@ shapes run on a CUDA device only.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from functools import lru_cache
 
 import pytest
@@ -38,25 +31,20 @@ from microbench.kernels import moe_few_token, moe_fused
 from microbench.kernels.moe_common import (
     ExpertWeights,
     GemmConfig,
-    TuningEntry,
-    TuningTable,
-    default_config,
     prepare_weights,
 )
 from microbench.kernels.moe_few_token import few_token_moe
 from microbench.kernels.moe_fused import fused_moe
 from microbench.kernels.moe_reference import (
     align_ref,
-    check_int4_weight,
     fused_moe_ref,
-    moe_cost,
     pack_int4,
-    unpack_int4,
 )
 from microbench.kernels.moe_routing import expert_segments, route
 
+from .moe_helpers import DEVICE, dense_weights, routing
+
 CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 FP16_TOL = 1e-2  # relative to the output's magnitude (~1): fp16 intermediates round at ~5e-4
 
 
@@ -65,17 +53,11 @@ FP16_TOL = 1e-2  # relative to the output's magnitude (~1): fp16 intermediates r
 # --------------------------------------------------------------------------------------
 
 
-def _dense(E: int, H: int, I: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 w13 [E, 2I, H] ~ N(0, 1/H) and w2 [E, H, I] ~ N(0, 1/I): outputs of order 1."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(E, 2 * I, H, generator=g) / math.sqrt(H), torch.randn(E, H, I, generator=g) / math.sqrt(I)
-
-
 def _checkpoint(kind: str, E: int, H: int, I: int, seed: int, dtype=torch.float16, group_size: int = 32):
     """(reference kwargs, ExpertWeights) holding the same numbers: dense weights of
     ``dtype``, or INT4 words with their scales cast to ``dtype`` (the reference is fed
     those cast scales, so both dequantise identically)."""
-    w13, w2 = _dense(E, H, I, seed)
+    w13, w2 = dense_weights(E, H, I, seed)
     if kind == "dense":
         ck = {"w13": w13.to(DEVICE, dtype), "w2": w2.to(DEVICE, dtype)}
     else:
@@ -89,29 +71,6 @@ def _checkpoint(kind: str, E: int, H: int, I: int, seed: int, dtype=torch.float1
 def _reference(x, ck, tw, ids):
     return fused_moe_ref(x, ck["w13"], ck["w2"], tw, ids, w13_scales=ck.get("w13_scales"),
                          w2_scales=ck.get("w2_scales"))
-
-
-def _routing(pattern: str, T: int, E: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_weights [T, k] fp32 in 0.1..1.1, topk_ids [T, k] int32) for a named pattern."""
-    g = torch.Generator().manual_seed(seed)
-    if pattern == "distinct":  # k distinct experts per token
-        rows = [torch.randperm(E, generator=g)[:k] for _ in range(T)]
-    elif pattern == "sparse":  # only experts 1, 4, E-1 ever chosen: the rest get no tokens
-        pool = torch.tensor([1, 4, E - 1])
-        rows = [pool[torch.randperm(3, generator=g)[:k]] for _ in range(T)]
-    elif pattern == "expert2-everyone":  # expert 2 among every token's choices, in a random slot
-        rows = []
-        for _ in range(T):
-            others = [e for e in torch.randperm(E, generator=g).tolist() if e != 2][: k - 1]
-            others.insert(int(torch.randint(0, k, (1,), generator=g)), 2)
-            rows.append(torch.tensor(others))
-    elif pattern == "all-same":  # every choice of every token is expert E-1: T*k pairs on it
-        rows = [torch.full((k,), E - 1) for _ in range(T)]
-    else:
-        raise AssertionError(pattern)
-    ids = torch.stack(rows).to(torch.int32)
-    tw = torch.rand(T, k, generator=g) + 0.1
-    return tw.to(DEVICE), ids.to(DEVICE)
 
 
 def _hidden(T: int, H: int, seed: int, dtype=torch.float16) -> torch.Tensor:
@@ -150,159 +109,6 @@ KINDS = [pytest.param("dense", FP16_TOL, id="fp16"), pytest.param("int4", FP16_T
 
 
 # --------------------------------------------------------------------------------------
-# INT4 layout
-# --------------------------------------------------------------------------------------
-
-
-def _word(nibbles: list[int]) -> int:
-    """An int32 word (as a signed Python int) holding q_j + 8 at bits 4j."""
-    w = sum((q + 8) << (4 * j) for j, q in enumerate(nibbles))
-    return w - 2**32 if w >= 2**31 else w
-
-
-def test_unpack_int4_reads_hand_built_nibbles():
-    # Two rows of K = 32 inputs (4 words), group 16 (two scales per row), every nibble
-    # value -8..7 present.
-    q = torch.tensor([
-        [-8, -1, 0, 1, 7, 3, -5, 6, 2, -2, 4, -4, 5, -6, -3, 7,
-         -7, 0, 0, 0, 1, 1, 1, 7, 3, 2, 1, 0, -1, -2, -3, -8],
-        [7, 6, 5, 4, 3, 2, 1, 0, -1, -2, -3, -4, -5, -6, -7, -8,
-         0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1],
-    ])
-    scales = torch.tensor([[0.5, 2.0], [0.125, 4.0]])  # powers of two: exact in bf16 and fp16
-    words = torch.tensor([[_word(q[r, 8 * i:8 * i + 8].tolist()) for i in range(4)] for r in range(2)],
-                         dtype=torch.int32).view(1, 2, 4)
-    # the top nibble of word 0 of row 0 is 6 + 8 = 14: bit 31 set, a negative int32; that
-    # of word 1 of row 1 is -8 + 8 = 0: a positive one
-    assert int(words[0, 0, 0]) < 0 and int(words[0, 1, 1]) >= 0
-    got = unpack_int4(words, scales.view(1, 2, 2))
-    assert got.shape == (1, 2, 32) and got.dtype == torch.float32
-    for r in range(2):
-        for i in range(4):
-            for j in range(8):
-                k = 8 * i + j
-                assert float(got[0, r, k]) == q[r, k].item() * float(scales[r, k // 16]), (r, k)
-    # Packing writes the same layout.  pack_int4 never emits -8 (its scale maps the
-    # group's largest magnitude to 7), so pack q with -8 raised to -7: every group then
-    # still holds a 7 or -7, its scale is the one above, and its words are hand-built too.
-    q7 = q.clamp(min=-7)
-    words7 = torch.tensor([[_word(q7[r, 8 * i:8 * i + 8].tolist()) for i in range(4)] for r in range(2)],
-                          dtype=torch.int32).view(1, 2, 4)
-    dense = (q7.float() * scales.repeat_interleave(16, dim=1)).view(1, 2, 32)
-    pq, ps = pack_int4(dense, group_size=16)
-    assert torch.equal(pq, words7)
-    assert torch.equal(ps.float(), scales.view(1, 2, 2))
-
-
-@pytest.mark.parametrize("group_size", [8, 32, 64])
-@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_pack_unpack_round_trip(group_size, scale_dtype):
-    w = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(group_size)) * 0.3
-    q, s = pack_int4(w, group_size, scale_dtype)
-    assert q.dtype == torch.int32 and q.shape == (3, 5, 16)
-    assert s.dtype == scale_dtype and s.shape == (3, 5, 128 // group_size)
-    d = unpack_int4(q, s)
-    half_scale = s.float().repeat_interleave(group_size, dim=-1) / 2
-    assert ((d - w).abs() <= half_scale * (1 + 1e-6)).all()
-    q2, s2 = pack_int4(d, group_size, scale_dtype)
-    assert torch.equal(q2, q) and torch.equal(s2, s)
-    # every nibble value is used, so a wrong shift or mask cannot hide
-    nib = torch.stack([(q >> (4 * j)) & 0xF for j in range(8)]).unique()
-    assert nib.numel() >= 15
-
-
-def _qs(e=2, n=4, kw=8, groups=2, qdtype=torch.int32, sdtype=torch.float16, sn=None):
-    return torch.zeros(e, n, kw, dtype=qdtype), torch.ones(e, sn if sn is not None else n, groups, dtype=sdtype)
-
-
-@pytest.mark.parametrize(("q_s", "k", "pattern"), [
-    pytest.param(_qs(qdtype=torch.int64), None, r"^w13: packed INT4 expects", id="wrong-dtype"),
-    pytest.param((torch.zeros(4, 8, dtype=torch.int32), torch.ones(2, 4, 2)), None, r"^w13: ", id="2-D"),
-    pytest.param(_qs(), 32, r"^w13: packed shape", id="wrong-packed-K"),
-    pytest.param(_qs(sn=5), None, r"^w13_scales: ", id="scales-shape"),
-    pytest.param(_qs(sdtype=torch.int32), None, r"^w13_scales: ", id="int-scales"),
-    pytest.param(_qs(groups=3), None, r"^w13_scales: 3 groups", id="group-not-dividing-K"),
-    pytest.param(_qs(groups=16), None, r"^w13_scales: 16 groups", id="group-not-multiple-of-8"),
-])
-def test_check_int4_weight_names_the_argument(q_s, k, pattern):
-    with pytest.raises(ValueError, match=pattern):
-        check_int4_weight("w13", *q_s, k=k)
-
-
-def test_check_int4_weight_returns_group_size():
-    assert check_int4_weight("w", *_qs(kw=8, groups=2), k=64) == 32
-    assert check_int4_weight("w", *_qs(kw=8, groups=8)) == 8
-
-
-# --------------------------------------------------------------------------------------
-# fused_moe_ref
-# --------------------------------------------------------------------------------------
-
-
-def _moe_loop(x, w13, w2, tw, ids) -> torch.Tensor:
-    """The reference's semantics written out per token and choice, in float64."""
-    T, k = ids.shape
-    I = w13.shape[1] // 2
-    out = torch.zeros(T, x.shape[1], dtype=torch.float64)
-    for t in range(T):
-        for j in range(k):
-            e = int(ids[t, j])
-            if e < 0:
-                continue
-            gu = w13[e].double() @ x[t].double()
-            g, u = gu[:I], gu[I:]
-            act = g / (1 + torch.exp(-g)) * u
-            out[t] += float(tw[t, j]) * (w2[e].double() @ act)
-    return out
-
-
-@pytest.mark.parametrize(("T", "E", "k", "pattern"), [
-    pytest.param(5, 6, 3, "distinct", id="distinct"),
-    pytest.param(4, 8, 2, "sparse", id="empty-experts"),
-    pytest.param(3, 5, 2, "all-same", id="duplicate-choices"),
-    pytest.param(2, 4, 4, "distinct", id="topk-equals-E"),
-])
-def test_fused_moe_ref_matches_float64_loop(T, E, k, pattern):
-    H, I = 24, 16
-    w13, w2 = _dense(E, H, I, seed=T * 10 + E)
-    x = torch.randn(T, H, generator=torch.Generator().manual_seed(E))
-    tw, ids = _routing(pattern, T, E, k, seed=T)
-    tw, ids = tw.cpu(), ids.cpu()
-    got = fused_moe_ref(x, w13, w2, tw, ids)
-    assert got.dtype == torch.float32 and got.shape == (T, H)
-    want = _moe_loop(x, w13, w2, tw, ids)
-    assert want.abs().max() > 0.1
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-
-
-def test_fused_moe_ref_other_ranks_ids_add_nothing():
-    T, E, H, I, k = 4, 6, 24, 16, 3
-    w13, w2 = _dense(E, H, I, seed=3)
-    x = torch.randn(T, H, generator=torch.Generator().manual_seed(4))
-    tw, ids = _routing("distinct", T, E, k, seed=5)
-    ids = ids.cpu().clone()
-    ids[0, 1] = ids[2, 0] = -1
-    torch.testing.assert_close(fused_moe_ref(x, w13, w2, tw.cpu(), ids).double(),
-                               _moe_loop(x, w13, w2, tw.cpu(), ids), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("group_size", [16, 32])
-def test_fused_moe_ref_int4_equals_dense_on_unpacked(group_size):
-    T, E, H, I, k = 6, 5, 64, 32, 2
-    w13, w2 = _dense(E, H, I, seed=8)
-    (q13, s13), (q2, s2) = pack_int4(w13, group_size), pack_int4(w2, group_size)
-    x = torch.randn(T, H, generator=torch.Generator().manual_seed(9))
-    tw, ids = _routing("sparse", T, E, k, seed=10)
-    tw, ids = tw.cpu(), ids.cpu()
-    packed = fused_moe_ref(x, q13, q2, tw, ids, w13_scales=s13, w2_scales=s2)
-    dense = fused_moe_ref(x, unpack_int4(q13, s13), unpack_int4(q2, s2), tw, ids)
-    torch.testing.assert_close(packed, dense, rtol=1e-6, atol=1e-6)
-    # and the dequantised layer is the loop's layer on the dequantised weights
-    torch.testing.assert_close(packed.double(), _moe_loop(x, unpack_int4(q13, s13), unpack_int4(q2, s2), tw, ids),
-                               rtol=1e-5, atol=1e-5)
-
-
-# --------------------------------------------------------------------------------------
 # Both kernels against fused_moe_ref
 # --------------------------------------------------------------------------------------
 
@@ -338,7 +144,7 @@ KERNEL_CASES = [
 def test_kernel_matches_reference(T, E, k, pattern, H, I, kernel, cfg, kind, tol):
     ck, W = _checkpoint(kind, E, H, I, seed=T + 100 * E, group_size=_group_for(I))
     x = _hidden(T, H, seed=T)
-    tw, ids = _routing(pattern, T, E, k, seed=7 * T + E)
+    tw, ids = routing(pattern, T, E, k, seed=7 * T + E)
     want = _reference(x, ck, tw, ids)
     got = _launch(kernel, cfg, x, W, tw, ids)
     _assert_matches_ref(got, want, x, tol)
@@ -366,7 +172,7 @@ def test_kernel_writes_out_in_place(kernel, cfg):
     T, E, H, I, k = 5, 6, 64, 32, 2
     ck, W = _checkpoint("dense", E, H, I, seed=31)
     x = _hidden(T, H, seed=32)
-    tw, ids = _routing("distinct", T, E, k, seed=33)
+    tw, ids = routing("distinct", T, E, k, seed=33)
     out = torch.full_like(x, float("nan"))
     ptr = out.data_ptr()
     got = _launch(kernel, cfg, x, W, tw, ids, out=out)
@@ -391,7 +197,7 @@ def test_kernel_default_config(kernel):
     for kind in ("dense", "int4"):
         ck, W = _checkpoint(kind, E, H, I, seed=41)
         x = _hidden(T, H, seed=42)
-        tw, ids = _routing("distinct", T, E, k, seed=43)
+        tw, ids = routing("distinct", T, E, k, seed=43)
         got = fused_moe(x, W, tw, ids) if kernel == "fused" else few_token_moe(x, W, tw, ids)
         _assert_matches_ref(got, _reference(x, ck, tw, ids), x, FP16_TOL)
 
@@ -402,9 +208,9 @@ def test_kernel_default_config(kernel):
 
 
 def _bad_call_cases():
-    T, E, H, I, k = 3, 4, 64, 32, 2
+    T, E, H, k = 3, 4, 64, 2
     x = _hidden(T, H, seed=0)
-    tw, ids = _routing("distinct", T, E, k, seed=0)
+    tw, ids = routing("distinct", T, E, k, seed=0)
     cases = [
         ("hidden-H", dict(hidden=_hidden(T, H - 16, seed=0)), r"^hidden: "),
         ("hidden-3d", dict(hidden=x.view(1, T, H)), r"^hidden: "),
@@ -449,7 +255,7 @@ def test_launchers_reject_bad_input(args, pattern, kind, kernel, monkeypatch):
 
 def test_launchers_reject_a_non_weights_object():
     x = _hidden(2, 64, seed=0)
-    tw, ids = _routing("distinct", 2, 4, 2, seed=0)
+    tw, ids = routing("distinct", 2, 4, 2, seed=0)
     for launcher in (fused_moe, few_token_moe):
         with pytest.raises(TypeError, match="weights"):
             launcher(x, {"w13": None}, tw, ids)
@@ -457,7 +263,7 @@ def test_launchers_reject_a_non_weights_object():
 
 def _bad_prepare_cases():
     E, H, I = 4, 64, 32
-    w13, w2 = _dense(E, H, I, seed=1)
+    w13, w2 = dense_weights(E, H, I, seed=1)
     w13, w2 = w13.half(), w2.half()
     (q13, s13), (q2, s2) = pack_int4(w13.float()), pack_int4(w2.float())
     q2_g16, s2_g16 = pack_int4(w2.float(), group_size=16)
@@ -491,7 +297,7 @@ def test_prepare_weights_rejects(args, kwargs, pattern):
 def test_prepare_weights_layout():
     """Dense weights pass through; INT4 words and scales are transposed, bits unchanged."""
     E, H, I = 3, 64, 32
-    w13, w2 = _dense(E, H, I, seed=2)
+    w13, w2 = dense_weights(E, H, I, seed=2)
     W = prepare_weights(w13.half(), w2.half())
     assert isinstance(W, ExpertWeights) and W.kind == "bf16" and not W.int4
     assert (W.num_experts, W.hidden, W.inter) == (E, H, I)
@@ -517,7 +323,7 @@ def test_prepare_weights_layout():
     pytest.param(13, 48, 8, "expert2-everyone", id="T13-several-chunks"),
 ])
 def test_expert_segments_match_align_ref(T, E, k, pattern):
-    _, ids = _routing(pattern, T, E, k, seed=T + E)
+    _, ids = routing(pattern, T, E, k, seed=T + E)
     sorted_ids, seg_e, seg_start, seg_cnt, nseg = expert_segments(ids, E)
     S = min(E, T * k)
     assert sorted_ids.dtype == seg_e.dtype == seg_start.dtype == seg_cnt.dtype == nseg.dtype == torch.int32
@@ -532,158 +338,6 @@ def test_expert_segments_match_align_ref(T, E, k, pattern):
     assert seg_e[:n].tolist() == touched
     assert seg_start[:n].tolist() == starts
     assert seg_cnt[:n].tolist() == [counts[e] for e in touched]
-
-
-# --------------------------------------------------------------------------------------
-# Tuning table and GemmConfig
-# --------------------------------------------------------------------------------------
-
-CFG_A = GemmConfig(block_n=32, block_k=64, split_k=4, num_stages=4)
-CFG_B = GemmConfig(block_n=128, block_k=128, block_m=32, group_m=8)
-CFG_C = GemmConfig(block_n=64, block_k=64, split_k=2)
-
-
-def _table() -> TuningTable:
-    return TuningTable("test-gpu", [
-        TuningEntry("few_token", "w13", "int4", 512, 7168, 8, CFG_A, 1.5e-5),
-        TuningEntry("few_token", "w13", "int4", 512, 7168, 64, CFG_C, 3.0e-5),
-        TuningEntry("fused", "w13+w2", "bf16", 512, 7168, 4, CFG_B, None),
-        TuningEntry("fused", "w13+w2", "bf16", 512, 7168, 16, CFG_C, 2.0e-5),
-    ])
-
-
-def test_tuning_table_save_load_round_trip(tmp_path):
-    path = tmp_path / "sub" / "h200.json"
-    tab = _table()
-    assert tab.save(str(path)) == str(path)
-    doc = json.loads(path.read_text())
-    assert doc["schema"] == "microbench.moe_tuning" and doc["version"] == 1 and doc["device"] == "test-gpu"
-    again = TuningTable.load(str(path))
-    assert again.device == "test-gpu" and again.path == str(path)
-    key = lambda e: (*e.key(), e.tokens)  # noqa: E731
-    assert sorted(again.entries, key=key) == sorted(tab.entries, key=key)
-    # put replaces the entry of the same key and token count, adds a new one otherwise
-    again.put(TuningEntry("few_token", "w13", "int4", 512, 7168, 8, CFG_B, 1.0e-5))
-    again.put(TuningEntry("few_token", "w2", "int4", 7168, 256, 8, CFG_A, 1.0e-5))
-    again.save()
-    third = TuningTable.load(str(path))
-    assert len(third.entries) == 5
-    assert third.lookup("few_token", "w13", "int4", 512, 7168, 8) == (CFG_B, "tuned")
-    assert third.lookup("few_token", "w2", "int4", 7168, 256, 8) == (CFG_A, "tuned")
-
-
-def test_tuning_table_lookup_rules(tmp_path):
-    tab = _table()
-    assert tab.lookup("few_token", "w13", "int4", 512, 7168, 8) == (CFG_A, "tuned")
-    assert tab.lookup("few_token", "w13", "int4", 512, 7168, 64) == (CFG_C, "tuned")
-    # nearest token count by ratio: 10 is 1.25x from 8, 6.4x from 64
-    assert tab.lookup("few_token", "w13", "int4", 512, 7168, 10) == (CFG_A, "tuned at T=8")
-    assert tab.lookup("few_token", "w13", "int4", 512, 7168, 1) == (CFG_A, "tuned at T=8")
-    assert tab.lookup("few_token", "w13", "int4", 512, 7168, 48) == (CFG_C, "tuned at T=64")
-    # 8 is 2x from both 4 and 16: the tie goes to the larger T
-    assert tab.lookup("fused", "w13+w2", "bf16", 512, 7168, 8) == (CFG_C, "tuned at T=16")
-    # a key with no entry (other weights, other N): the fixed default rule
-    for args in (("few_token", "w13", "bf16", 512, 7168, 8), ("few_token", "w13", "int4", 256, 7168, 8),
-                 ("few_token", "w2", "int4", 7168, 256, 4), ("fused", "w13+w2", "int4", 512, 7168, 4)):
-        assert tab.lookup(*args) == (default_config(*args), "default")
-    # a missing file is an empty table, never an error
-    empty = TuningTable.load(str(tmp_path / "none.json"), "dev")
-    assert empty.entries == [] and empty.device == "dev"
-    assert empty.lookup("fused", "w13+w2", "int4", 512, 7168, 4)[1] == "default"
-
-
-def test_default_config_rule():
-    assert default_config("fused", "w13+w2", "bf16", 512, 7168, 4) == GemmConfig(block_n=64, block_k=128)
-    assert default_config("fused", "w13+w2", "int4", 512, 7168, 4) == GemmConfig(block_n=64, block_k=64)
-    assert default_config("few_token", "w13", "int4", 512, 7168, 4).split_k == 4
-    assert default_config("few_token", "w13", "int4", 512, 1024, 4).split_k == 1
-    assert default_config("few_token", "w2", "bf16", 7168, 256, 4).split_k == 1
-    assert default_config("few_token", "w13", "bf16", 48, 64, 4).block_n == 64  # narrower N: next power of two
-    assert default_config("few_token", "w13", "bf16", 20, 64, 4).block_n == 32
-    with pytest.raises(ValueError, match="kernel/gemm"):
-        default_config("few_token", "w13+w2", "bf16", 512, 7168, 4)
-
-
-MINIMAL = {"kernel": "fused", "gemm": "w13+w2", "weights": "int4", "n": 512, "k": 7168, "tokens": 4,
-           "config": {"block_n": 64, "block_k": 64}}
-
-
-@pytest.mark.parametrize("doc", [
-    pytest.param({"schema": "other", "version": 1, "entries": []}, id="wrong-schema"),
-    pytest.param({"schema": "microbench.moe_tuning", "version": 2, "entries": []}, id="wrong-version"),
-    pytest.param({"schema": "microbench.moe_tuning", "version": 1,
-                  "entries": [{**MINIMAL, "config": {"block_n": 24, "block_k": 64}}]}, id="block_n-24"),
-    pytest.param({"schema": "microbench.moe_tuning", "version": 1,
-                  "entries": [MINIMAL, {**MINIMAL, "config": {"block_n": 64, "block_k": 8}}]}, id="block_k-8"),
-    pytest.param({"schema": "microbench.moe_tuning", "version": 1,
-                  "entries": [{**MINIMAL, "config": {"block_n": 64, "block_k": 64, "bogus": 1}}]},
-                 id="unknown-field"),
-    pytest.param({"schema": "microbench.moe_tuning", "version": 1,
-                  "entries": [{k: v for k, v in MINIMAL.items() if k != "tokens"}]}, id="missing-tokens"),
-    pytest.param({"schema": "microbench.moe_tuning", "version": 1,
-                  "entries": [{**MINIMAL, "kernel": "few_token"}]}, id="unknown-gemm"),
-])
-def test_tuning_table_rejects_malformed_file(tmp_path, doc):
-    path = tmp_path / "bad-table.json"
-    path.write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match=re.escape(str(path))):
-        TuningTable.load(str(path))
-
-
-def test_tuning_table_names_the_bad_entry(tmp_path):
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"schema": "microbench.moe_tuning", "version": 1,
-                                "entries": [MINIMAL, {**MINIMAL, "config": {"block_n": 24, "block_k": 64}}]}))
-    with pytest.raises(ValueError, match=r"t\.json: entry 1: block_n"):
-        TuningTable.load(str(path))
-
-
-@pytest.mark.parametrize(("kwargs", "pattern"), [
-    pytest.param(dict(block_n=24, block_k=32), r"^block_n: must be a power of two", id="block_n-24"),
-    pytest.param(dict(block_n=32, block_k=48), r"^block_k: must be a power of two", id="block_k-48"),
-    pytest.param(dict(block_n=32, block_k=32, block_m=12), r"^block_m: ", id="block_m-12"),
-    pytest.param(dict(block_n=32, block_k=32, num_warps=3), r"^num_warps: ", id="warps-3"),
-    pytest.param(dict(block_n=32, block_k=8), r"block_k and block_n must be >= 16", id="block_k-8"),
-    pytest.param(dict(block_n=8, block_k=32), r"block_k and block_n must be >= 16", id="block_n-8"),
-    pytest.param(dict(block_n=32, block_k=32, split_k=0), r"split_k", id="split_k-0"),
-    pytest.param(dict(block_n=32, block_k=32, group_m=0), r"group_m", id="group_m-0"),
-    pytest.param(dict(block_n=32.0, block_k=32), r"^block_n: expected an int", id="float"),
-    pytest.param(dict(block_n=32, block_k=32, split_k=True), r"^split_k: expected an int", id="bool"),
-])
-def test_gemm_config_validation(kwargs, pattern):
-    with pytest.raises(ValueError, match=pattern):
-        GemmConfig(**kwargs)
-
-
-def test_gemm_config_to_dict_round_trip():
-    assert GemmConfig(**CFG_B.to_dict()) == CFG_B
-    assert CFG_B.to_dict()["group_m"] == 8
-
-
-# --------------------------------------------------------------------------------------
-# moe_cost
-# --------------------------------------------------------------------------------------
-
-
-def test_moe_cost_by_hand():
-    # T=2 tokens, H=64, I=32, top_k=2, 3 distinct experts.  One expert holds
-    # 2I*H + H*I = 4096 + 2048 = 6144 weights.
-    # bf16: 3 * 6144 * 2 = 36864 weight bytes, + 2*T*H*2 = 512 (hidden in, out out),
-    #       + 8*T*top_k = 32 (router weights and ids) = 37408 bytes;
-    #       FLOPs 2 * T*top_k * 6144 = 49152.
-    assert moe_cost(2, 64, 32, 2, 3, "bf16") == (37408, 49152)
-    # int4: 6144 / 2 = 3072 bytes of nibbles + 6144 / 32 = 192 scales * 2 bytes = 384,
-    #       3 * 3456 = 10368, + 512 + 32 = 10912 bytes; same FLOPs.
-    assert moe_cost(2, 64, 32, 2, 3, "int4") == (10912, 49152)
-    # group 16 with fp32 scales: 3072 + 384 * 4 = 4608 per expert; fp32 activations: 2*2*64*4 = 1024
-    assert moe_cost(2, 64, 32, 2, 3, "int4", elem_bytes=4, group_size=16, scale_bytes=4) == \
-        (3 * 4608 + 1024 + 32, 49152)
-    # no tokens, no experts touched: nothing moves
-    assert moe_cost(0, 64, 32, 2, 0, "bf16") == (0, 0)
-    with pytest.raises(ValueError, match="weights"):
-        moe_cost(2, 64, 32, 2, 3, "fp8")
-    with pytest.raises(ValueError, match="moe_cost"):
-        moe_cost(2, 0, 32, 2, 3, "bf16")
 
 
 # --------------------------------------------------------------------------------------

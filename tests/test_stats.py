@@ -14,19 +14,8 @@ import re
 import numpy as np
 import pytest
 
-from microbench.stats import (
-    MIN_SAMPLES,
-    Summary,
-    Verdict,
-    block_sigma,
-    classify,
-    compare_paired,
-    compare_samples,
-    geomean,
-    median_ci,
-    median_rel_noise,
-    summarize,
-)
+from microbench.stats import MIN_SAMPLES, Summary, geomean, median_ci, median_rel_noise, summarize
+from microbench.verdicts import Verdict, block_sigma, classify, compare_paired, compare_samples
 
 T0 = 1e-3  # a 1 ms case
 

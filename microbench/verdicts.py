@@ -1,0 +1,365 @@
+"""A/B verdicts from raw timing samples (numpy only).
+
+:func:`compare_samples` (two separate runs) and :func:`compare_paired` (one run with the
+variants interleaved A B A B) turn two sample sets into a :class:`Verdict`: the time
+ratio new / base (> 1 means new is slower), its bootstrap confidence interval and a label.
+
+The verdict rule (:func:`classify`), the same for both comparisons, with ``e`` the
+minimum effect (default 2%) and ``[lo, hi]`` the interval of the ratio:
+
+``SLOWER``  ``lo > 1 + e``  (the whole interval beyond the minimum effect)
+``FASTER``  ``hi < 1 - e``
+``SAME``    ``1 - e <= lo`` and ``hi <= 1 + e``
+``UNSURE``  anything else
+
+Why each part:
+
+* A verdict needs the whole interval past the minimum effect, not just past 1: an
+  interval that merely excludes 1 says "different", but a true 1% shift under 5% noise
+  then reads SLOWER in ~7% of 50-sample comparisons (its estimate overshoots 2% with an
+  interval clear of 1). Requiring ``lo > 1 + e`` makes that a ~0.3% event while a real
+  10% change under the same noise (interval half-width ~2.5%) is still SLOWER.
+* The minimum effect itself: a difference smaller than ``e`` is either too small to
+  matter for a kernel change, or cannot be separated from the shifts between runs that
+  no within-run interval sees (the same code in separate processes on a shared machine
+  moves by several percent). A narrow interval that excludes 1 but sits inside
+  ``[1 - e, 1 + e]`` is therefore ``SAME``: a real but negligible difference.
+* A change that is probably real but whose interval reaches back inside ``e`` (say
+  ×1.05 [1.01, 1.09]) is ``UNSURE``: more samples decide it, a label would overclaim.
+* ``SAME`` needs the *whole* interval inside ``[1 - e, 1 + e]``: only then do the samples
+  rule out an effect that matters. A wide interval around 1 proves nothing either way,
+  and neither does a large ratio whose interval still reaches 1: both are ``UNSURE``,
+  and the answer is more samples or less noise, not a label.
+
+Environment correction: between two runs the whole machine can shift (clocks, co-tenants,
+thermal state). When each run also timed a fixed reference workload (the probe) beside
+the case, :func:`compare_samples` divides the case's ratio by the probe's ratio and
+bootstraps all four sample sets jointly, so the interval carries the probe's noise too.
+
+All bootstraps are percentile bootstraps of the median, vectorised over a bounded number
+of resampled elements at a time, and deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from statistics import NormalDist
+from typing import Any, Sequence
+
+import numpy as np
+
+from microbench.stats import MIN_SAMPLES, _MAX_DRAWS_PER_CHUNK, _as_samples, _check_confidence
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An A/B verdict: time ratio new / base (> 1: new is slower) and its interval.
+
+    ``ratio`` is environment-corrected when probes were given (``raw_ratio / env_ratio``);
+    ``[lo, hi]`` is the ``confidence`` interval of ``ratio`` ([0, inf] when either side has
+    fewer than :data:`MIN_SAMPLES` samples); ``method`` is "bootstrap-median" (two runs)
+    or "paired-median" (one interleaved run).
+    """
+
+    label: str
+    ratio: float
+    lo: float
+    hi: float
+    raw_ratio: float
+    env_ratio: float | None
+    min_effect: float
+    confidence: float
+    method: str
+    n_base: int
+    n_new: int
+    #: Log-space sigma of between-run environment wander folded into [lo, hi] (0 = none).
+    env_sigma: float = 0.0
+    #: Log-space environment move between the runs that stretched [lo, hi] (0 = none).
+    env_shift: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (``hi`` may be ``inf`` for too few samples)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        """Inverse of :meth:`to_dict`; keys this version does not know are ignored."""
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        for k in ("ratio", "lo", "hi", "raw_ratio", "min_effect", "confidence"):
+            kw[k] = float(kw[k])
+        kw["env_ratio"] = None if kw["env_ratio"] is None else float(kw["env_ratio"])
+        kw["n_base"], kw["n_new"] = int(kw["n_base"]), int(kw["n_new"])
+        return cls(**kw)
+
+    def explain(self) -> str:
+        """One line: label, ratio, interval, why, and what the environment did."""
+        e = self.min_effect
+        head = f"{self.label}: ×{self.ratio:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
+        if self.method == "identical-samples":
+            why = "the same samples on both sides"
+        elif min(self.n_base, self.n_new) < MIN_SAMPLES:
+            why = f"too few samples for an interval (n={self.n_base}/{self.n_new}, need {MIN_SAMPLES})"
+        else:
+            why = {
+                "SLOWER": f"whole interval at least {e:.1%} slower",
+                "FASTER": f"whole interval at least {e:.1%} faster",
+                "SAME": f"interval within ±{e:.1%}",
+                "UNSURE": f"interval does not decide at ±{e:.1%}",
+            }.get(self.label, "unknown label")
+        tail = f"({self.method}, n={self.n_base}/{self.n_new})"
+        if self.env_ratio is None:
+            return f"{head}, {why} {tail}"
+        shift = self.env_ratio - 1.0
+        if abs(shift) < e:
+            env = f"environment steady ({shift:+.1%}), raw ×{self.raw_ratio:.3f}"
+        elif self.label == "SAME" and abs(self.raw_ratio - 1.0) >= e:
+            env = (f"environment moved {shift:+.1%} and this case moved with it "
+                   f"(raw ×{self.raw_ratio:.3f}, corrected)")
+        else:
+            env = f"environment moved {shift:+.1%}, raw ×{self.raw_ratio:.3f} (corrected)"
+        return f"{head}, {why}; {env} {tail}"
+
+
+def classify(ratio: float, lo: float, hi: float, min_effect: float) -> str:
+    """The verdict rule (module docstring): "SLOWER", "FASTER", "SAME" or "UNSURE"."""
+    if any(math.isnan(v) for v in (ratio, lo, hi, min_effect)):
+        raise ValueError(f"classify: NaN in ratio={ratio}, lo={lo}, hi={hi}, min_effect={min_effect}")
+    if min_effect < 0:
+        raise ValueError(f"classify: min_effect must be >= 0, got {min_effect}")
+    if lo > hi:
+        raise ValueError(f"classify: interval lo={lo} > hi={hi}")
+    e = min_effect
+    if lo > 1.0 + e:
+        return "SLOWER"
+    if hi < 1.0 - e:
+        return "FASTER"
+    if 1.0 - e <= lo and hi <= 1.0 + e:
+        return "SAME"
+    return "UNSURE"
+
+
+def _check_args(min_effect: float, confidence: float, n_boot: int) -> None:
+    _check_confidence(confidence)
+    if not (min_effect >= 0 and math.isfinite(min_effect)):
+        raise ValueError(f"min_effect must be a finite value >= 0, got {min_effect}")
+    if n_boot < 10:
+        raise ValueError(f"n_boot must be >= 10 (>= 1000 for a stable interval), got {n_boot}")
+
+
+def _boot_medians(rng: np.random.Generator, sets: Sequence[np.ndarray], n_boot: int,
+                  q: float = 0.5) -> list[np.ndarray]:
+    """The ``q`` quantile (median by default) of ``n_boot`` resamples (with replacement) of
+    each set, drawn independently.
+
+    Returns one [n_boot] array per set. Resamples are drawn as index matrices of at most
+    :data:`_MAX_DRAWS_PER_CHUNK` elements in total per chunk, so memory stays bounded.
+    """
+    total = sum(s.size for s in sets)
+    rows = max(1, _MAX_DRAWS_PER_CHUNK // total)
+    out = [np.empty(n_boot) for _ in sets]
+    for start in range(0, n_boot, rows):
+        r = min(rows, n_boot - start)
+        for s, o in zip(sets, out):
+            idx = rng.integers(0, s.size, size=(r, s.size))
+            o[start:start + r] = np.median(s[idx], axis=1) if q == 0.5 else np.quantile(s[idx], q, axis=1)
+    return out
+
+
+def _interval(boot: np.ndarray, confidence: float) -> tuple[float, float]:
+    """Percentile interval of bootstrap replicates."""
+    a = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(boot, [a, 1.0 - a])
+    return float(lo), float(hi)
+
+
+def compare_samples(
+    base: Sequence[float],
+    new: Sequence[float],
+    *,
+    min_effect: float = 0.02,
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+    base_probe: Sequence[float] | None = None,
+    new_probe: Sequence[float] | None = None,
+    env_sigma: float = 0.0,
+    quantile: float = 0.5,
+    env_df: int = 0,
+    env_shift: float = 0.0,
+) -> Verdict:
+    """Verdict for two separate (unpaired) runs: ratio = median(new) / median(base).
+
+    ``quantile``: the statistic compared, the median by default. On a CPU, interference
+    from co-tenants only ever adds time, so a low quantile (the lower envelope) is the
+    stable one: the same 48x48 matmul loop timed in 8 separate processes on a 2-core
+    machine gave medians from 211 to 237 µs but 2nd percentiles from 141 to 144 µs.
+
+    ``env_sigma``: the log-space standard deviation of how far the environment wanders
+    between the moments two runs measure a point (estimated by the caller from the probe's
+    spread within each run). The bootstrap cannot see it; it widens the interval in
+    quadrature, so on a machine whose environment wanders 20% a verdict says UNSURE rather
+    than read the wander as code. ``env_df``: the degrees of freedom ``env_sigma`` was
+    estimated with (a few blocks or passes: a Student-t quantile, not the normal one, so
+    an underestimated sigma from three passes does not make a verdict).
+
+    ``env_shift``: how far (log-space, >= 0) the environment measurably moved between the
+    two runs — the probe's ratio when it is not divided out. Not a correction (a case does
+    not move exactly with the probe) but a bound: the interval is stretched by it on both
+    sides, so a change no larger than the machine's own move is never called code.
+
+    ``base``/``new``: positive per-call times (any unit, the same for both), any lengths.
+    The interval is a percentile bootstrap of the median ratio, each side resampled
+    independently. With ``base_probe`` and ``new_probe`` (the reference workload timed
+    beside the case in each run) the ratio is divided by median(new_probe) /
+    median(base_probe) and all four sets are bootstrapped jointly (ratio of ratios per
+    draw). Give both probes or neither.
+    """
+    _check_args(min_effect, confidence, n_boot)
+    b = _as_samples(base, "base", positive=True)
+    n = _as_samples(new, "new", positive=True)
+    if (base_probe is None) != (new_probe is None):
+        raise ValueError("compare_samples: give both base_probe and new_probe, or neither")
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    stat = (lambda x: float(np.median(x))) if quantile == 0.5 else (lambda x: float(np.quantile(x, quantile)))
+    raw = stat(n) / stat(b)
+    sets = [b, n]
+    env: float | None = None
+    if base_probe is not None and new_probe is not None:
+        bp = _as_samples(base_probe, "base_probe", positive=True)
+        nprobe = _as_samples(new_probe, "new_probe", positive=True)
+        env = stat(nprobe) / stat(bp)
+        sets += [bp, nprobe]
+    ratio = raw if env is None else raw / env
+    if all(np.array_equal(sets[i], sets[i + 1]) for i in range(0, len(sets), 2)):
+        # The same measurement on both sides (a run compared with itself): there is no
+        # sampling difference between them to be uncertain about.
+        return Verdict(label="SAME", ratio=1.0, lo=1.0, hi=1.0, raw_ratio=1.0, env_ratio=None if env is None else 1.0,
+                       min_effect=float(min_effect), confidence=float(confidence), method="identical-samples",
+                       n_base=int(b.size), n_new=int(n.size))
+    if min(s.size for s in sets) < MIN_SAMPLES:
+        lo, hi = 0.0, math.inf
+    else:
+        meds = _boot_medians(np.random.default_rng(seed), sets, n_boot, quantile)
+        boot = meds[1] / meds[0]
+        if env is not None:
+            boot = boot / (meds[3] / meds[2])
+        lo, hi = _interval(boot, confidence)
+        lo, hi = _widen(ratio, lo, hi, env_sigma, confidence, env_df)
+        if env_shift > 0:
+            lo, hi = lo * math.exp(-env_shift), hi * math.exp(env_shift)
+    return Verdict(
+        label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=raw,
+        env_ratio=env, min_effect=float(min_effect), confidence=float(confidence),
+        method="bootstrap-median" if quantile == 0.5 else f"bootstrap-p{100 * quantile:g}", n_base=int(b.size),
+        n_new=int(n.size), env_sigma=float(env_sigma), env_shift=float(env_shift),
+    )
+
+
+def _widen(ratio: float, lo: float, hi: float, sigma: float, confidence: float, df: int = 0) -> tuple[float, float]:
+    """Add a log-normal uncertainty of ``sigma`` (estimated with ``df`` degrees of freedom)
+    to the interval [lo, hi] in quadrature."""
+    if not sigma > 0 or not (lo > 0 and math.isfinite(hi)):
+        return lo, hi
+    w = t_quantile(0.5 + confidence / 2.0, df) * sigma
+    lr = math.log(ratio)
+    dl, dh = lr - math.log(lo), math.log(hi) - lr
+    return math.exp(lr - math.hypot(dl, w)), math.exp(lr + math.hypot(dh, w))
+
+
+def block_sigma(samples: Sequence[float], passes: Sequence[int] | None = None, blocks: int = 5,
+                min_per_block: int = 6) -> float:
+    """How far this measurement wandered over its own duration: the log-space standard
+    deviation of the medians of ``blocks`` consecutive blocks of samples (time order) —
+    or, when ``passes`` (sample counts of successive passes over a run) names three or
+    more, of the passes, which lie seconds apart.
+
+    A separate run meets the machine in another state; no bootstrap of one run's samples
+    sees that, but the drift between the blocks of one run does. Used, not divided by
+    sqrt(blocks) (the machine's states last longer than a block), as the between-run
+    uncertainty of this record: over 14 A/A pairs of separate CPU runs every shift of the
+    median lay within 1.3 of these sigmas, while the bootstrap interval alone missed 10.
+    0 when there are too few samples for ``blocks`` blocks.
+    """
+    return block_wander(samples, passes, blocks, min_per_block)[0]
+
+
+def block_wander(samples: Sequence[float], passes: Sequence[int] | None = None, blocks: int = 5,
+                 min_per_block: int = 6) -> tuple[float, int]:
+    """:func:`block_sigma` and its degrees of freedom (blocks - 1; 0 when not estimated)."""
+    x = np.asarray(samples, dtype=np.float64)
+    if passes is not None and len(passes) >= 3 and sum(passes) == x.size and min(passes) >= min_per_block:
+        edges = np.cumsum([0, *passes])
+        meds = np.array([np.median(x[a:b]) for a, b in zip(edges, edges[1:])])
+        return float(np.std(np.log(meds), ddof=1)), len(passes) - 1
+    m = x.size // blocks
+    if m < min_per_block:
+        return 0.0, 0
+    meds = np.median(x[: m * blocks].reshape(blocks, m), axis=1)
+    return float(np.std(np.log(meds), ddof=1)), blocks - 1
+
+
+def combined_wander(a: Sequence[float], a_passes: Sequence[int] | None, b: Sequence[float],
+                    b_passes: Sequence[int] | None) -> tuple[float, int]:
+    """The wander of two measurements together (root sum of squares) and its degrees of freedom."""
+    (sa, da), (sb, db) = block_wander(a, a_passes), block_wander(b, b_passes)
+    return math.hypot(sa, sb), da + db
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (Cornish-Fisher expansion around the normal; within 3% of the
+    exact value from 2 degrees of freedom up, exact in the limit). ``df`` <= 0 = normal."""
+    z = NormalDist().inv_cdf(p)
+    if df <= 0:
+        return z
+    v = float(df)
+    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
+
+
+def env_wander(probe_medians: Sequence[float]) -> float:
+    """Log-space sigma of the environment's wander within one run, from the probe's
+    median at each point (the same work every time, so its spread is the environment's).
+    A robust spread (1.4826 x MAD) so one disturbed point does not set it; 0 when fewer
+    than 4 points."""
+    x = np.log(np.asarray([m for m in probe_medians if m and m > 0], dtype=np.float64))
+    if x.size < 4:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def compare_paired(
+    base: Sequence[float],
+    new: Sequence[float],
+    *,
+    min_effect: float = 0.02,
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> Verdict:
+    """Verdict for one interleaved run: base[i] and new[i] were taken in the same round.
+
+    Per-round ratios new[i] / base[i] (both truncated to the common length); ratio = their
+    median; interval by bootstrap over rounds. A slow drift (clock, temperature) that hits
+    both variants of a round cancels in its ratio, so the interval is not widened by it.
+    """
+    _check_args(min_effect, confidence, n_boot)
+    b = _as_samples(base, "base", positive=True)
+    n = _as_samples(new, "new", positive=True)
+    m = min(b.size, n.size)
+    r = n[:m] / b[:m]
+    ratio = float(np.median(r))
+    if m < MIN_SAMPLES:
+        lo, hi = 0.0, math.inf
+    else:
+        (boot,) = _boot_medians(np.random.default_rng(seed), [r], n_boot)
+        lo, hi = _interval(boot, confidence)
+    return Verdict(
+        label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=ratio,
+        env_ratio=None, min_effect=float(min_effect), confidence=float(confidence),
+        method="paired-median", n_base=int(b.size), n_new=int(n.size),
+    )

@@ -1,0 +1,38 @@
+"""Seeded MoE inputs shared by the expert-kernel and reference tests."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def dense_weights(E: int, H: int, I: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 w13 [E, 2I, H] ~ N(0, 1/H) and w2 [E, H, I] ~ N(0, 1/I): outputs of order 1."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(E, 2 * I, H, generator=g) / math.sqrt(H), torch.randn(E, H, I, generator=g) / math.sqrt(I)
+
+
+def routing(pattern: str, T: int, E: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights [T, k] fp32 in 0.1..1.1, topk_ids [T, k] int32) for a named pattern."""
+    g = torch.Generator().manual_seed(seed)
+    if pattern == "distinct":  # k distinct experts per token
+        rows = [torch.randperm(E, generator=g)[:k] for _ in range(T)]
+    elif pattern == "sparse":  # only experts 1, 4, E-1 ever chosen: the rest get no tokens
+        pool = torch.tensor([1, 4, E - 1])
+        rows = [pool[torch.randperm(3, generator=g)[:k]] for _ in range(T)]
+    elif pattern == "expert2-everyone":  # expert 2 among every token's choices, in a random slot
+        rows = []
+        for _ in range(T):
+            others = [e for e in torch.randperm(E, generator=g).tolist() if e != 2][: k - 1]
+            others.insert(int(torch.randint(0, k, (1,), generator=g)), 2)
+            rows.append(torch.tensor(others))
+    elif pattern == "all-same":  # every choice of every token is expert E-1: T*k pairs on it
+        rows = [torch.full((k,), E - 1) for _ in range(T)]
+    else:
+        raise AssertionError(pattern)
+    ids = torch.stack(rows).to(torch.int32)
+    tw = torch.rand(T, k, generator=g) + 0.1
+    return tw.to(DEVICE), ids.to(DEVICE)
