@@ -130,10 +130,12 @@ def test_env_prints_reasons_for_what_is_missing(capsys):
 
 
 def test_main_job_command_runs_the_smoke_suite_as_a_subprocess(tmp_path):
-    """What the README's main job runs after set-up, with a short budget."""
+    """What the README's main job runs after set-up, with a short budget and one pass over
+    the plan (the main job's three passes only pool more samples)."""
     env = {**os.environ, "PYTHONPATH": ROOT}
     p = subprocess.run([sys.executable, "-m", "microbench", "run", "--device", "cpu", "--budget-s", "0.05",
-                        "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+                        "--repeat", "1", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "== calibration.copy ==" in p.stdout and "== norm.rmsnorm ==" in p.stdout
     assert "points" in p.stderr and "[1/" in p.stderr  # count before the run, progress per point
@@ -153,3 +155,22 @@ def test_shapes_of_a_model_and_a_bad_config(tmp_path, capsys):
     assert "kv_lora_rank" in err and len(err.strip().splitlines()) == 1
     assert main(["shapes", "--tp", "7"]) == 2
     assert "tp=7 does not divide num_attention_heads=64" in capsys.readouterr().err
+
+
+def test_gpu_check_runs_the_gpu_tests_only():
+    """The GPU check's test step selects the tests marked gpu (each a bf16, CUDA-timing or
+    capture check), not the CPU suite, whose interpreter smoke run alone would outlast the
+    step's limit on a GPU host."""
+    import re
+    import shlex
+
+    script = open(os.path.join(ROOT, "scripts", "gpu-check")).read()
+    (line,) = [ln for ln in script.splitlines() if ln.startswith('step "tests"')]
+    args = shlex.split(line)
+    expr = args[args.index("-m", args.index("pytest")) + 1]
+    assert re.search(r"\bgpu\b", expr) and "not gpu" not in expr
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests",
+                        "--ignore=tests/bench", "-m", expr], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    ids = [ln for ln in p.stdout.splitlines() if "::" in ln]
+    assert len(ids) >= 10, p.stdout[-2000:]
+    assert not [i for i in ids if i.startswith(("tests/test_cli.py", "tests/test_compile.py"))]
