@@ -165,34 +165,6 @@ def _kernel_name(fn: Any) -> str:
     return _short(f"{module}.{getattr(fn, '__name__', '?')}")
 
 
-def describe(e: BaseException) -> str:
-    """One error in a few lines; a Triton compile error as its position, its reason (the
-    last line of its message) and the source line it points at."""
-    text = str(e).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    name = type(e).__name__
-    if "CompilationError" in name or any(ln.strip() == "^" for ln in lines):
-        caret = next((i for i, ln in enumerate(lines) if ln.strip() == "^"), None)
-        reason = lines[-1].strip() if lines and caret != len(lines) - 1 else ""
-        head = f"{name}: {lines[0].rstrip(':') if lines else ''}: {reason}".rstrip(": ")
-        if caret:
-            head += f"\n    {lines[caret - 1]}\n    {lines[caret]}"
-        return head
-    return _first_lines(f"{name}: {text}")
-
-
-def recorded(e: BaseException | None) -> bool:
-    """Whether a launch inside :func:`compile_only` already recorded this error (or the one it
-    wraps, as a user variant's error wraps the compiler's)."""
-    seen = 0
-    while e is not None and seen < 8:
-        if getattr(e, "microbench_recorded", False):
-            return True
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return False
-
-
 def _grid_size(grid: Any) -> int:
     if callable(grid):
         return 0
@@ -223,7 +195,9 @@ class Session:
             self._use = None
 
     def fail(self, error: BaseException, kernel: str | None = None) -> None:
-        self.failures.append(Failure(f"{self._use} {self._point}".strip(), describe(error), kernel))
+        from .usercode import error_summary
+
+        self.failures.append(Failure(f"{self._use} {self._point}".strip(), error_summary(error, 6), kernel))
 
     def _record(self, fn: Any, kernel: Any, log: str, seconds: float, grid: Any) -> None:
         md = kernel.metadata
@@ -267,11 +241,6 @@ def _new_build(fn: Any, kernel: Any, log: str, seconds: float) -> Build:
     return b
 
 
-def _first_lines(text: str, n: int = 6) -> str:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(lines[:n])
-
-
 class _TargetDriver:
     """Just enough of a Triton driver for launches to compile for ``arch`` and stop there."""
 
@@ -280,9 +249,6 @@ class _TargetDriver:
 
         self.target = GPUTarget("cuda", arch, 32)
         self.device = f"aot:sm{arch}"
-
-    def is_active(self) -> bool:
-        return True
 
     def get_current_device(self) -> str:
         return self.device
@@ -353,7 +319,6 @@ def compile_only(sm: SmLimits, cache_dir: str | None = None) -> Iterator[Session
                 kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         except Exception as e:
             session.fail(e, _kernel_name(self))
-            e.microbench_recorded = True  # type: ignore[attr-defined]  (the case loop records it once)
             raise
         session._record(self, kernel, log.getvalue(), time.perf_counter() - t0, grid)
         return kernel
@@ -397,8 +362,8 @@ def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]],
     for case in cases:
         if case.distributed or not case.launches_triton:
             continue
-        axes = narrow(case.axes(suite, "cuda"), {k: v for k, v in picks.items() if k in case.axes(suite, "cuda")},
-                      case.id, case.parse_axis_value)
+        suite_axes = case.axes(suite, "cuda")
+        axes = narrow(suite_axes, {k: v for k, v in picks.items() if k in suite_axes}, case.id, case.parse_axis_value)
         points = [p for p in expand(axes) if case.skip(p, "cuda") is None]
         chosen = [v for v in case.variants() if v.runs_on("cpu") and (not variants or v.name in variants)]
         if progress:
@@ -415,11 +380,12 @@ def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]],
                 if case.skip_variant(v.name, point, "cuda") is not None:
                     continue
                 calls += 1
+                failed = len(session.failures)
                 with session.using(f"{case.id}/{v.name}", label):
                     try:
                         v.fn(**workload.kwargs())
                     except Exception as e:  # noqa: BLE001 - recorded; the next variant still builds
-                        if not recorded(e):
+                        if len(session.failures) == failed:  # not already recorded by the launch that raised
                             session.fail(e)
             del workload
             gc.collect()

@@ -42,8 +42,6 @@ def _kib(n: int) -> str:
 
 
 def table(builds: list[Any], sm: Any, fmt: str) -> str:
-    from tabulate import tabulate
-
     from microbench.aot import occupancy, problems
 
     configs = _configs(builds)
@@ -57,6 +55,11 @@ def table(builds: list[Any], sm: Any, fmt: str) -> str:
                      ", ".join(f"{u} ({n})" for u, n in sorted(b.uses.items()))])
     head = ["kernel", "config", "warps", "stages", "regs", "spill st/ld B", "smem KiB", "blocks/SM", "fits",
             "used by (points)"]
+    return _render(rows, head, fmt)
+
+
+def _render(rows: list[list[Any]], head: list[str], fmt: str) -> str:
+    """``rows`` under ``head`` as text, a GitHub table (markdown) or CSV."""
     if fmt == "csv":
         import csv
         import io
@@ -66,6 +69,8 @@ def table(builds: list[Any], sm: Any, fmt: str) -> str:
         w.writerow(head)
         w.writerows(rows)
         return buf.getvalue()
+    from tabulate import tabulate
+
     return tabulate(rows, head, tablefmt="github" if fmt == "markdown" else "simple") + "\n"
 
 
@@ -97,8 +102,6 @@ def diff(old: list[dict[str, Any]], new: list[dict[str, Any]], fmt: str) -> tupl
     """What changed between two reports' builds, matched by kernel, signature, warps,
     stages and full config: changed resources (old -> new), builds only in the new report
     (``+``) and only in the old one (``-``); and the counts."""
-    from tabulate import tabulate
-
     before, after = {_key(b): b for b in old}, {_key(b): b for b in new}
     rows = []
     counts = {"changed": 0, "added": 0, "removed": 0, "same": 0}
@@ -118,8 +121,7 @@ def diff(old: list[dict[str, Any]], new: list[dict[str, Any]], fmt: str) -> tupl
             counts["added" if n else "removed"] += 1
             rows.append(["+" if n else "-", b["kernel"], configs[id(b)], *[b.get(f) for f, _ in _COMPARED]])
     head = ["", "kernel", "config", *[h for _, h in _COMPARED]]
-    text = tabulate(rows, head, tablefmt="github" if fmt == "markdown" else "simple") + "\n" if rows else ""
-    return text, counts
+    return (_render(rows, head, fmt) if rows else ""), counts
 
 
 class _Shim:

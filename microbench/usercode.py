@@ -38,13 +38,26 @@ def where(e: BaseException, path: str) -> str:
     return f"{path}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
 
 
-def describe(e: BaseException, path: str) -> str:
+def error_summary(e: BaseException, max_lines: int = 1) -> str:
+    """``Type: message`` in at most ``max_lines`` lines; a Triton compile error as its
+    position and its reason (the last line of its message), then the source line it points
+    at with the caret under it."""
     text = str(e).strip()
-    head = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    name = type(e).__name__
+    if "CompilationError" in name or any(ln.strip() == "^" for ln in lines):
+        caret = next((i for i, ln in enumerate(lines) if ln.strip() == "^"), None)
+        reason = lines[-1].strip() if lines and caret != len(lines) - 1 else ""
+        head = f"{name}: {lines[0].rstrip(':') if lines else ''}: {reason}".rstrip(": ")
+        return head + (f"\n    {lines[caret - 1]}\n    {lines[caret]}" if caret else "")
+    return "\n".join([f"{name}: {lines[0] if lines else ''}".rstrip(": "), *lines[1:max_lines]])
+
+
+def describe(e: BaseException, path: str) -> str:
+    """:func:`error_summary`, with the deepest frame in the user's file after its first line."""
+    head, _, rest = error_summary(e).partition("\n")
     at = where(e, path)
-    # a Triton compile error carries the kernel's own source position in its message
-    extra = "\n".join(text.splitlines()[1:6]) if "CompilationError" in type(e).__name__ else ""
-    return head + (f"\n  at {at}" if at else "") + (f"\n{extra}" if extra else "")
+    return head + (f"\n  at {at}" if at else "") + (f"\n{rest}" if rest else "")
 
 
 def parse_target(target: str) -> tuple[str, str]:

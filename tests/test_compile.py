@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from microbench.aot import AotError, Build, check_not_interpreted, describe, occupancy, problems
+from microbench.aot import AotError, Build, check_not_interpreted, occupancy, problems
 from microbench.hardware import load_profile
 from microbench.models import ConfigError
 
@@ -63,8 +63,10 @@ def test_problems_name_each_limit_a_build_breaks():
 def test_describe_keeps_a_compile_errors_reason_and_source_line():
     msg = ("at 4:50:\ndef k(x):\n    a = tl.load(x)\n    tl.store(x, tl.dot(a, a))\n              ^\n"
            "Input shapes should have M >= 1, N >= 1 and K >= 16")
+    from microbench.usercode import error_summary
+
     CompilationError = type("CompilationError", (Exception,), {})
-    text = describe(CompilationError(msg))
+    text = error_summary(CompilationError(msg))
     assert text.startswith("CompilationError: at 4:50: Input shapes should have M >= 1, N >= 1 and K >= 16")
     assert "tl.store(x, tl.dot(a, a))" in text and text.rstrip().endswith("^")
 
