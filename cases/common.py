@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -14,10 +15,29 @@ def on_cuda(device: str) -> bool:
     return device.startswith("cuda")
 
 
+#: From this many elements a tensor is a weight or a cache. While launches only compile
+#: (``microbench compile``) nothing reads its values, so it is allocated, not drawn:
+#: drawing a 384-expert layer on a CPU takes tens of seconds. Smaller tensors (hidden
+#: states, routing, lengths) are still drawn, since host-side launch logic reads them.
+UNDRAWN_NUMEL = 1 << 22
+
+
+def undrawn(shape, dtype: torch.dtype, device: str) -> torch.Tensor | None:
+    """An uninitialised tensor in place of a large draw while launches only compile; else None."""
+    from microbench.kernels import checks
+
+    if checks.COMPILE_ONLY and math.prod(shape) >= UNDRAWN_NUMEL:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return None
+
+
 def randn(shape, dtype: torch.dtype, device: str, seed: int, scale: float = 1.0) -> torch.Tensor:
     """Seeded standard-normal values (never zeros: they hide unwritten outputs), drawn on
     ``device`` (a GPU draws the gigabytes of a 64K-token cache in milliseconds, a CPU
     generator in seconds), so a seed names the same inputs on the same kind of device."""
+    skipped = undrawn(shape, dtype, device)
+    if skipped is not None:
+        return skipped
     g = torch.Generator(device=device).manual_seed(seed)
     t = torch.randn(shape, generator=g, dtype=torch.float32, device=device)
     if scale != 1.0:

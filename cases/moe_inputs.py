@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from microbench.cases.common import model, randn
+from microbench.cases.common import model, randn, undrawn
 
 #: Layout name -> (model file, tp, ep); per-rank shapes come from microbench.models.
 LAYOUTS: dict[str, tuple[str, int, int]] = {
@@ -73,6 +73,10 @@ def expert_weights(shape: MoEShape, kind: str, dtype: torch.dtype, device: str, 
     g = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for name, n, k in (("w13", 2 * i, h), ("w2", h, i)):
+        skipped = undrawn((e, n, k // 8), torch.int32, device)
+        if skipped is not None:
+            out[name], out[f"{name}_scales"] = skipped, torch.empty((e, n, k // 32), dtype=dtype, device=device)
+            continue
         out[name] = torch.randint(-2**31, 2**31, (e, n, k // 8), generator=g, dtype=torch.int64,
                                   device=device).to(torch.int32)
         jitter = 0.75 + 0.5 * torch.rand((e, n, k // 32), generator=g, device=device)

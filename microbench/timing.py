@@ -246,10 +246,29 @@ def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s
     return n
 
 
-def _batch_for(one_call_s: float, min_sample_s: float) -> int:
-    if one_call_s <= 0:
-        return 1000
-    return int(min(1000, max(1, math.ceil(min_sample_s / one_call_s))))
+_MAX_BATCH = 1000
+
+
+def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
+                agreed: Callable[[float], float] = _same) -> int:
+    """Calls per hot sample, so that a sample lasts at least ``min_sample_s``.
+
+    ``time_n(n)`` times n back-to-back calls. The run length doubles until one run lasts
+    ``min_sample_s`` (timeit's autorange), and unless a single call already lasts twice
+    that, the batch is sized from the best of three runs of that length. One call's time
+    alone is a poor estimate: one preempted call made a batch 10x too small. With several
+    ranks each run's time is agreed, so every rank makes the same calls.
+    """
+    n = 1
+    t = agreed(time_n(n))
+    while t < min_sample_s and n < _MAX_BATCH:
+        n *= 2
+        t = agreed(time_n(n))
+    if n > 1 or t < 2 * min_sample_s:
+        t = min(t, *(agreed(time_n(n)) for _ in range(2)))
+    if t <= 0:
+        return _MAX_BATCH
+    return int(min(_MAX_BATCH, max(1, math.ceil(min_sample_s * n / t - 1e-9))))
 
 
 def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
@@ -312,10 +331,14 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Samp
         return _Sampler(take, mode, "cuda-events", 1, k, warm, nbytes, notes)
 
     # hot: a batch of back-to-back calls per sample
-    start.record()
-    calls[0]()
-    end.record()
-    batch = _batch_for(agreed(elapsed_s()), opts.min_sample_s)
+    def time_n(n: int) -> float:
+        start.record()
+        for j in range(n):
+            calls[j % k]()
+        end.record()
+        return elapsed_s()
+
+    batch = _batch_size(time_n, opts.min_sample_s, agreed)
 
     def take() -> float:
         start.record()
@@ -335,15 +358,20 @@ def _cpu_sampler(calls, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
     state = {"i": 0}
     notes: list[str] = []
     warm = _warm(calls, lambda: None, opts.warmup_s, agreed)
-    t0 = time.perf_counter_ns()
-    calls[0]()
-    batch = _batch_for(agreed((time.perf_counter_ns() - t0) * 1e-9), opts.min_sample_s)
     flush = None
     nbytes = 0
     if mode == "cold":
         nbytes = 2 * (cache_bytes or _FALLBACK_CACHE_BYTES)
         flush = np.empty(nbytes // 8, dtype=np.int64)
         batch = 1
+    else:
+        def time_n(n: int) -> float:
+            t0 = time.perf_counter_ns()
+            for j in range(n):
+                calls[j % k]()
+            return (time.perf_counter_ns() - t0) * 1e-9
+
+        batch = _batch_size(time_n, opts.min_sample_s, agreed)
 
     def take() -> float:
         if flush is not None:

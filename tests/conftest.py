@@ -27,7 +27,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "smoke on CPU)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the benches time cases through pytest-benchmark, which switches itself off under xdist
+    bench = os.path.join(os.path.dirname(__file__), "bench") + os.sep
+    for item in items:
+        if str(item.path).startswith(bench):
+            item.add_marker(pytest.mark.serial)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")

@@ -63,6 +63,7 @@ def test_axis_narrowing_rejects_unknown_values():
         plan([Scaled()], RunOptions(suite="smoke", axis_picks={"n": ["7"]}))
 
 
+@pytest.mark.serial
 def test_interleaved_ab_within_one_run_sees_ten_percent_and_not_zero():
     recs, _ = _run(Scaled(reps=30, other_reps=33), variants=["base", "other"], interleave=True,
                    axis_picks={"n": ["48"]}, timing=TimingOptions(budget_s=0.6))
@@ -75,6 +76,7 @@ def test_interleaved_ab_within_one_run_sees_ten_percent_and_not_zero():
     assert _by(recs, "other")[0]["vs_baseline"]["label"] in ("SAME", "UNSURE")
 
 
+@pytest.mark.serial
 def test_across_two_real_runs_relative_to_an_unchanged_baseline(tmp_path):
     """Real CPU timing, separate runs: `other` is the function under test, `base` an
     unchanged anchor timed alternately with it. Absolute times may wander more than 10%

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from microbench.timing import (TimingOptions, copies_for_cold_cache, measure, measure_interleaved, run_interleaved,
+from microbench.timing import (TimingOptions, _batch_size, copies_for_cold_cache, measure, measure_interleaved, run_interleaved,
                                run_until_stable, stop_reason)
 
 
@@ -103,10 +103,53 @@ def test_cpu_measure_real_function_keeps_raw_samples_and_stats():
     assert type(m).from_dict(d).samples_s == m.samples_s
 
 
+@pytest.mark.serial
 def test_cpu_batches_tiny_calls_so_each_sample_is_long_enough():
     m = measure(lambda: None, device="cpu", options=TimingOptions(budget_s=0.1, min_sample_s=50e-6))
     assert m.batch > 10
     assert m.summary.median < 5e-6  # per call, not per batch
+
+
+def _fake_runs(per_call_s, first_s=None):
+    """A time_n for _batch_size: n calls take n * per_call_s, the first run first_s."""
+    runs = []
+
+    def time_n(n):
+        runs.append(n)
+        return first_s if (first_s is not None and len(runs) == 1) else n * per_call_s
+    return time_n, runs
+
+
+def test_batch_size_is_not_fooled_by_one_slow_call():
+    # One preempted call (5.5 us for a 0.1 us call) sized the batch at 9 when it was read
+    # from a single call; the doubled runs and the best of three size it from 0.1 us.
+    time_n, runs = _fake_runs(1e-7, first_s=5.5e-6)
+    assert _batch_size(time_n, 50e-6) == 500
+    assert runs[:3] == [1, 2, 4] and len(runs) > 3
+
+
+def test_batch_size_of_a_long_call_is_one_without_extra_runs():
+    time_n, runs = _fake_runs(1e-3)
+    assert _batch_size(time_n, 20e-6) == 1
+    assert runs == [1]
+
+
+def test_batch_size_near_the_threshold_is_confirmed_and_capped():
+    time_n, runs = _fake_runs(15e-6)  # 1 call: under 20 us; 2 calls: 30 us
+    assert _batch_size(time_n, 20e-6) == 2 and runs == [1, 2, 2, 2]
+    time_n, runs = _fake_runs(1e-12)
+    assert _batch_size(time_n, 20e-6) == 1000 and max(runs) == 1024
+
+
+def test_batch_size_agrees_every_run_so_ranks_make_the_same_calls():
+    seen = []
+
+    def agreed(x):  # the slowest rank's time: here a rank 3x slower than this one
+        seen.append(x)
+        return 3 * x
+    time_n, runs = _fake_runs(1e-6)
+    assert _batch_size(time_n, 20e-6, agreed) == 20 // 3 + 1
+    assert len(seen) == len(runs)
 
 
 def test_cpu_cold_mode_flushes_and_times_one_call_per_sample():
@@ -115,6 +158,7 @@ def test_cpu_cold_mode_flushes_and_times_one_call_per_sample():
     assert m.batch == 1 and m.flush_bytes == 2 << 20
 
 
+@pytest.mark.serial
 def test_interleaved_cpu_measurements_have_equal_counts():
     x = torch.randn(32, 32)
     ms = measure_interleaved([[lambda: x @ x], [lambda: x @ x @ x]], device="cpu",
