@@ -96,12 +96,12 @@ class ExtendTile(NamedTuple):
     num_stages: int
 
 
-def extend_tile(dtype: torch.dtype, small_shared: bool = False) -> ExtendTile:
+def extend_tile(dtype: torch.dtype, small_smem: bool = False) -> ExtendTile:
     """The tile and launch parameters used for ``dtype`` (the server's for 16-bit types), on
-    a GPU with less than 128 KiB of shared memory per block when ``small_shared``."""
+    a GPU with less than 128 KiB of shared memory per block when ``small_smem``."""
     if dtype not in _SUPPORTED_DTYPES:
         raise ValueError(f"dtype {dtype} not supported; use one of {_SUPPORTED_DTYPES}")
-    block_n = _BLOCK_N_FP32 if dtype == torch.float32 else (_BLOCK_N_SMALL_SHARED if small_shared else BLOCK_N)
+    block_n = _BLOCK_N_FP32 if dtype == torch.float32 else (_BLOCK_N_SMALL_SHARED if small_smem else BLOCK_N)
     return ExtendTile(BLOCK_M, block_n, _NUM_WARPS, _NUM_STAGES)
 
 

@@ -343,6 +343,20 @@ def compile_only(sm: SmLimits, cache_dir: str | None = None) -> Iterator[Session
             checks.COMPILE_ONLY, checks.COMPILE_SHARED_PER_BLOCK = saved_flag, saved_shared
 
 
+def case_points(case: Any, suite: str, picks: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The points of ``case``'s GPU axes in ``suite``, narrowed by the ``picks`` that name
+    its axes (as ``--axis`` does), less those the case skips on CUDA.
+
+    Raises:
+        ValueError: a value ``picks`` names that the axis does not have.
+    """
+    from .case import expand, narrow
+
+    suite_axes = case.axes(suite, "cuda")
+    axes = narrow(suite_axes, {k: v for k, v in picks.items() if k in suite_axes}, case.id, case.parse_axis_value)
+    return [p for p in expand(axes) if case.skip(p, "cuda") is None]
+
+
 def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]], session: Session, seed: int = 0,
                   variants: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> int:
     """Call every variant of ``cases`` at each point of ``suite``'s GPU axes (narrowed by
@@ -356,15 +370,13 @@ def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]],
     """
     import gc
 
-    from .case import expand, narrow, point_label, point_seed
+    from .case import point_label, point_seed
 
     calls = 0
     for case in cases:
         if case.distributed or not case.launches_triton:
             continue
-        suite_axes = case.axes(suite, "cuda")
-        axes = narrow(suite_axes, {k: v for k, v in picks.items() if k in suite_axes}, case.id, case.parse_axis_value)
-        points = [p for p in expand(axes) if case.skip(p, "cuda") is None]
+        points = case_points(case, suite, picks)
         chosen = [v for v in case.variants() if v.runs_on("cpu") and (not variants or v.name in variants)]
         if progress:
             progress(f"{case.id}: {len(points)} points x {len(chosen)} variants")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from typing import Any, Sequence
 
 EXIT_USAGE = 2
@@ -449,8 +451,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminated(signum: int, frame: Any) -> None:  # noqa: ARG001 - a signal handler's signature
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM (timeout, a job scheduler, torchrun stopping its ranks) ends a command as
+    # Ctrl-C does: a run keeps its finished points in a file marked incomplete and prints them
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.func(args)
     except UsageError as e:
@@ -461,6 +472,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(e, ConfigError):
             return _err(str(e))
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -137,7 +137,8 @@ def cmd_compile(a: argparse.Namespace) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     from microbench import case as case_mod
     from microbench import hardware
-    from microbench.aot import AotError, check_not_interpreted, compile_cases, compile_only, problems, toolchain
+    from microbench.aot import (AotError, case_points, check_not_interpreted, compile_cases, compile_only, problems,
+                                toolchain)
     from microbench.cases import SUITES
     from microbench.cli import _select_cases
 
@@ -159,6 +160,11 @@ def cmd_compile(a: argparse.Namespace) -> int:
     stray = [k for k in picks if k not in known_axes]
     if stray:
         raise UsageError(f"no selected case has axis {', '.join(stray)} in suite {a.suite}")
+    try:  # a value an axis lacks is refused here, before any build
+        for c in cases:
+            case_points(c, a.suite, picks)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if a.file:
         cases = _with_user_variant(a, cases)
     variants = _split(a.variant)
@@ -185,8 +191,6 @@ def cmd_compile(a: argparse.Namespace) -> int:
         with compile_only(sm) as session:
             calls = compile_cases(cases, a.suite, picks, session, seed=a.seed, variants=variants, progress=progress)
     except AotError as e:
-        raise UsageError(str(e)) from None
-    except ValueError as e:  # an axis value a case does not have
         raise UsageError(str(e)) from None
     finally:
         case_mod.COMPILE_TARGET = None

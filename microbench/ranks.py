@@ -52,16 +52,33 @@ def run_on_ranks(a: argparse.Namespace, suite: str, device_kind: str, cases: Seq
         cmd = torchrun_command(nproc, child_argv(a, suite, device_kind, cases, opts, tmp))
         print(f"microbench run: {len(cases)} multi-rank case(s) on {nproc} ranks: {shlex.join(cmd)}",
               file=sys.stderr, flush=True)
+        # OMP_NUM_THREADS set: torchrun would otherwise set 1 and print a banner about it
+        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
+                                                                                          str(a.threads))})
         try:
-            # OMP_NUM_THREADS set: torchrun would otherwise set 1 and print a banner about it
-            rc = subprocess.call(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                                                           str(a.threads))})
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C or SIGTERM: torchrun stops its ranks, then their files are merged
+            _stop(proc)
+            raise
         finally:
             kept = _merge(tmp, writer)
     if rc:
         print(f"microbench: the {nproc}-rank run exited with status {rc}; {kept} record(s) of it kept",
               file=sys.stderr)
     return rc
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
+    """SIGTERM to torchrun, which passes it to its ranks (each then keeps what it finished);
+    SIGKILL only if it has not exited within ``grace_s`` (torchrun itself gives its ranks 30 s)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _merge(directory: str, writer: Any) -> int:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -121,6 +123,46 @@ def test_ctrl_c_keeps_finished_points_in_an_incomplete_file(tmp_path, monkeypatc
     assert "interrupted" in capsys.readouterr().err
 
 
+def _terminate_after(argv, tmp_path, marker, timeout=120):
+    """Start ``microbench ARGV --out TMP``; SIGTERM it (it alone, not its process group) once
+    ``marker`` appears on its stderr. Returns (exit status, stderr, seconds it took to stop)."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "microbench", *argv, "--out", str(tmp_path)], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in p.stderr:
+        lines.append(line)
+        if marker in line:
+            break
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, "".join(lines) + err, time.monotonic() - t0, out
+
+
+def test_sigterm_keeps_finished_points_as_ctrl_c_does(tmp_path):
+    # what `timeout`, a job scheduler or the GPU check's step limit sends
+    rc, err, _, out = _terminate_after(["run", "--device", "cpu", "--case", "norm.rmsnorm", "--budget-s", "0.5",
+                                        "--repeat", "1"], tmp_path, "[2/4]")
+    assert rc == 130, err[-2000:]
+    (path,) = _files(tmp_path)
+    doc = json.load(open(path))
+    assert doc["run"]["complete"] is False and doc["run"]["interrupted"] is True
+    assert 1 <= len(doc["records"]) < 8 and "interrupted" in err
+    assert "norm.rmsnorm" in out  # the table of what it finished
+
+
+@pytest.mark.multirank
+def test_sigterm_during_a_multi_rank_run_stops_its_ranks_and_keeps_their_points(tmp_path):
+    rc, err, stop_s, _ = _terminate_after(["run", "--device", "cpu", "--case", "comm.allreduce_sweep",
+                                           "--nproc", "2", "--budget-s", "0.3", "--repeat", "1"], tmp_path, "[2/")
+    assert rc == 130, err[-2000:]
+    assert stop_s < 60
+    (path,) = _files(tmp_path)
+    doc = json.load(open(path))
+    assert doc["run"]["interrupted"] is True and len(doc["records"]) >= 1, err[-2000:]
+
+
 def test_env_prints_reasons_for_what_is_missing(capsys):
     assert main(["env", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
@@ -165,6 +207,8 @@ def test_gpu_check_runs_the_gpu_tests_only():
     import shlex
 
     script = open(os.path.join(ROOT, "scripts", "gpu-check")).read()
+    limits = [int(n) for n in re.findall(r'^\s*step "[^"]+" (\d+) ', script, re.M)]
+    assert len(limits) >= 6 and sum(limits) <= 8 * 60  # the check's steps fit in 8 minutes
     (line,) = [ln for ln in script.splitlines() if ln.startswith('step "tests"')]
     args = shlex.split(line)
     expr = args[args.index("-m", args.index("pytest")) + 1]

@@ -101,8 +101,8 @@ def test_small_shared_memory_tile_matches_reference(tree, monkeypatch):
     # halves (the 104 KiB Hopper tile cannot launch there); odd prefixes end mid-block
     import microbench.kernels.mla_extend as mla_extend_mod
 
-    assert tuple(extend_tile(torch.bfloat16, small_shared=True)) == (32, 32, 8, 1)
-    assert extend_tile(torch.float32, small_shared=True).block_n == 16
+    assert tuple(extend_tile(torch.bfloat16, small_smem=True)) == (32, 32, 8, 1)
+    assert extend_tile(torch.float32, small_smem=True).block_n == 16
     seen = []
     monkeypatch.setattr(mla_extend_mod, "small_shared", lambda device: seen.append(device) or True)
     dtype, atol, rtol = FP16
