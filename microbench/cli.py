@@ -205,6 +205,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         from microbench.ranks import run_ranks
 
         return run_ranks(a)
+    if a.plan:
+        from microbench.cli_plan import show_plan
+
+        return show_plan(a)
     device = resolve_device(a.device)
     _set_threads(device, a.threads)
     suite, cases, variants = run_selection(a, device)
@@ -395,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-probe", action="store_true", help="skip the environment probe beside each point")
     r.add_argument("--threads", type=int, default=1, help="torch CPU threads when --device cpu (default 1)")
     r.add_argument("--format", choices=["text", "markdown", "csv"], default="text", help="table format")
+    r.add_argument("--plan", action="store_true", help="print what the run would do (points, variant runs, "
+                   "skips with reasons, the timing budget per case) and exit; nothing is set up or timed, and "
+                   "--device cuda plans without a GPU")
     r.add_argument("--nproc", type=int, help="ranks for multi-rank cases (comm.*): started with torchrun when "
                    "more than 1 (default: every GPU on CUDA, 2 gloo processes on CPU)")
     r.add_argument("--backend", help="torch.distributed backend of multi-rank cases: nccl or gloo "

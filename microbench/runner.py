@@ -66,6 +66,13 @@ def plan(cases: Sequence[Case], opts: RunOptions) -> Plan:
     return Plan(items, skipped)
 
 
+def variant_skip(case: Case, v: Variant, point: Point, device: str) -> str | None:
+    """Why ``v`` does not run at ``point`` on ``device`` (None: it runs). The case's own
+    reason first: it says why (e.g. "NCCL through CuPy needs CUDA devices")."""
+    return case.skip_variant(v.name, point, device) or (None if v.runs_on(device) else
+                                                        f"variant does not run on {device}")
+
+
 def _error_text(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
@@ -162,9 +169,7 @@ class Runner:
         ready: list[tuple[Variant, list[Callable[[], Any]]]] = []
         variants = [v for v in case.variants() if not o.variants or v.name in o.variants]
         for v in variants:
-            # the case's own reason first: it says why (e.g. "NCCL through CuPy needs CUDA devices")
-            why = case.skip_variant(v.name, point, dev) or (None if v.runs_on(dev) else f"variant does not run on {dev}")
-            why = _agreed_reason(world, f"{case.id} {v.name} skip", why)
+            why = _agreed_reason(world, f"{case.id} {v.name} skip", variant_skip(case, v, point, dev))
             extra = {"tags": dict(v.tags)} if v.tags else {}
             if why:
                 recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=why, **extra)

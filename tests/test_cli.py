@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import glob
+import io
 import json
 import os
 import signal
@@ -218,3 +220,40 @@ def test_gpu_check_runs_the_gpu_tests_only():
     ids = [ln for ln in p.stdout.splitlines() if "::" in ln]
     assert len(ids) >= 10, p.stdout[-2000:]
     assert not [i for i in ids if i.startswith(("tests/test_cli.py", "tests/test_compile.py"))]
+
+
+def test_plan_sizes_a_gpu_run_without_a_gpu_and_runs_nothing(tmp_path, capsys):
+    """`run --plan --device cuda` needs no GPU: the GPU check's own verify-suite command is
+    planned here, so a bad axis value cannot waste the GPU's time, and its timing budget is
+    held under half its step's limit (gates, warm-up and compiles take the rest)."""
+    import shlex
+
+    script = open(os.path.join(ROOT, "scripts", "gpu-check")).read().replace("\\\n", " ")
+    (line,) = [ln for ln in script.splitlines() if ln.startswith('step "verify suite"')]
+    args = shlex.split(line)
+    limit = int(args[2])
+    argv = args[args.index("run"):]
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    assert main([*argv, "--plan", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    by_case = {r["case"]: r for r in rows}
+    assert {"attention.mla_verify", "moe.experts", "comm.allreduce_sweep", "layer.decoder"} <= set(by_case)
+    assert int(by_case["comm.allreduce_sweep"]["points"]) == 6 * 2  # the six sizes, eager and graph
+    budget = sum(float(r["budget_s"]) for r in rows)
+    assert 0 < budget <= limit / 2, (budget, limit)
+    assert not os.listdir(tmp_path)  # nothing ran, nothing was written
+    assert argv[argv.index("--device") + 1] == "cuda"
+
+
+def test_plan_of_the_smoke_suite_counts_what_a_run_does(capsys):
+    assert main(["run", "--device", "cpu", "--plan", "--budget-s", "0.5", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "Plan: suite smoke on cpu, nothing run" in out
+    (total,) = [ln for ln in out.splitlines() if ln.startswith("total")]
+    # 15 points here and 6 on the ranks; the multi-rank cases' CuPy / symmetric-memory paths need CUDA
+    assert total.split()[1] == "21"
+    assert "comm.allreduce" in out and "Not run:" in out and "symmetric memory" in out
+    assert main(["run", "--device", "tpu", "--plan"]) == 2
+    assert "use auto, cpu, cuda or cuda:N" in capsys.readouterr().err
+    assert main(["run", "--device", "cuda", "--plan", "--case", "norm.rmsnorm", "--axis", "tokens=3"]) == 2
+    assert "tokens has no value 3" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""``microbench run --plan``: what a run would do, case by case, with nothing set up,
+gated or timed — on any host: ``--device cuda`` plans a GPU run without a GPU, so a
+command meant for a GPU host (a CI job, ``scripts/gpu-check``) is checked, and sized
+against its time limit, before it gets one."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+import textwrap
+from typing import Any
+
+from microbench.cli import UsageError, _axis_picks, make_plan, run_selection
+
+
+def plan_device(spec: str) -> str:
+    """``--device`` for a plan: ``cuda`` and ``cuda:N`` need no GPU here; ``auto`` is cuda
+    where one is present, else cpu."""
+    if spec == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu" or re.fullmatch(r"cuda(:\d+)?", spec):
+        return spec
+    raise UsageError(f"--device {spec!r}: use auto, cpu, cuda or cuda:N")
+
+
+def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], dict[str, Any]]:
+    """(suite, device, one row per case, run settings) for ``microbench run ARGS --plan``."""
+    from microbench.runner import RunOptions, variant_skip
+    from microbench.timing import TimingOptions
+
+    device = plan_device(a.device)
+    suite, cases, variants = run_selection(a, device)
+    cuda = device.startswith("cuda")
+    if a.nproc is not None and a.nproc < 1:
+        raise UsageError(f"--nproc {a.nproc}: need at least 1")
+    if a.nproc is not None:
+        nproc = a.nproc
+    elif cuda:
+        import torch
+
+        nproc = max(1, torch.cuda.device_count())
+    else:
+        nproc = 2
+    try:
+        timing = TimingOptions(mode=a.mode, budget_s=a.budget_s, max_noise=a.max_noise)
+        timing.resolved_mode(device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    repeat = a.repeat if a.repeat else (1 if cuda else 3)
+    opts = RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
+                      interleave=a.interleave, repeat=repeat)
+    p = make_plan(cases, opts, cases)
+    rows: dict[str, dict[str, Any]] = {}
+    for case in sorted(cases, key=lambda c: (c.order, c.id)):
+        rows[case.id] = {"case": case.id, "points": 0, "runs": 0, "skipped": 0, "ranks": nproc if case.distributed
+                         else 1, "budget_s": 0.0, "reasons": {}}
+    chosen = {c.id: [v for v in c.variants() if not variants or v.name in variants] for c in cases}
+    for case, point in p.items:
+        row = rows[case.id]
+        row["points"] += 1
+        for v in chosen[case.id]:
+            why = variant_skip(case, v, point, device)
+            if why:
+                row["reasons"][why] = row["reasons"].get(why, 0) + 1
+            else:
+                row["runs"] += 1
+    for case, _, reason in p.skipped:
+        row = rows[case.id]
+        row["skipped"] += 1
+        row["reasons"][reason] = row["reasons"].get(reason, 0) + 1
+    for row in rows.values():
+        row["budget_s"] = row["runs"] * timing.budget_s * repeat
+    settings = {"budget_s": timing.budget_s, "max_noise": timing.max_noise, "repeat": repeat, "nproc": nproc,
+                "interleave": a.interleave}
+    return suite, device, list(rows.values()), settings
+
+
+def _duration(s: float) -> str:
+    if s < 10:
+        return f"{s:.1f} s"
+    return f"{s:.0f} s" if s < 600 else f"{s / 60:.1f} min"
+
+
+def render_plan(suite: str, device: str, rows: list[dict[str, Any]], settings: dict[str, Any], fmt: str) -> str:
+    from tabulate import tabulate
+
+    head = ["case", "points", "variant runs", "skipped points", "ranks", "timing budget"]
+    body = [[r["case"], r["points"], r["runs"], r["skipped"], r["ranks"], _duration(r["budget_s"])] for r in rows]
+    total = sum(r["budget_s"] for r in rows)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["case", "points", "variant_runs", "skipped_points", "ranks", "budget_s"])
+        w.writerows([r["case"], r["points"], r["runs"], r["skipped"], r["ranks"], r["budget_s"]] for r in rows)
+        return buf.getvalue()
+    body.append(["total", sum(r["points"] for r in rows), sum(r["runs"] for r in rows),
+                 sum(r["skipped"] for r in rows), "", _duration(total)])
+    md = fmt == "markdown"
+    lines = [("**" if md else "") + f"Plan: suite {suite} on {device}, nothing run" + ("**" if md else ""), "",
+             tabulate(body, headers=head, tablefmt="github" if md else "simple", disable_numparse=True), ""]
+    passes = f"{settings['repeat']} pass{'es' if settings['repeat'] > 1 else ''}"
+    note = (f"The timing budget is an upper bound: {settings['budget_s']:g} s per variant run and pass "
+            f"({passes}); a variant stops sooner once its median's noise is under {settings['max_noise']:.1%}. "
+            "Set-up, the correctness gate, warm-up and first-call compiles come on top.")
+    lines.append(note if md else textwrap.fill(note, 100))
+    notes = [(r["case"], why, n) for r in rows for why, n in r["reasons"].items()]
+    if notes:
+        lines += ["", "Not run:" if not md else "Not run:  "]
+        lines += [f"{'- ' if md else '  '}{case}: {n} x {why}" for case, why, n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def show_plan(a: argparse.Namespace) -> int:
+    suite, device, rows, settings = plan_rows(a)
+    print(render_plan(suite, device, rows, settings, a.format), end="")
+    return 0
