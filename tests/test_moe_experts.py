@@ -384,6 +384,12 @@ def test_kimi_tp8_bf16_gpu(kernel, T, kind):
     _assert_matches_ref(got, want, x, 2e-2)
 
 
+# The baseline's activation runs over every pair's row, and the rows of pairs whose expert
+# is elsewhere were never written (no block holds them; their down rows are zeroed): the
+# interpreter's numpy then warns about arithmetic on whatever the memory held. Those rows are read
+# by nothing; the test checks the output.
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("kernel", ["fused", "few_token"])
 def test_other_ranks_ids_add_nothing_in_both_kernels(kernel):
     """Expert parallelism: ids of experts held by another rank are -1 and contribute nothing
