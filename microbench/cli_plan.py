@@ -56,8 +56,8 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
     p = make_plan(cases, opts, cases)
     rows: dict[str, dict[str, Any]] = {}
     for case in sorted(cases, key=lambda c: (c.order, c.id)):
-        rows[case.id] = {"case": case.id, "points": 0, "runs": 0, "skipped": 0, "ranks": nproc if case.distributed
-                         else 1, "budget_s": 0.0, "reasons": {}}
+        rows[case.id] = {"case": case.id, "points": 0, "runs": 0, "not_run": 0, "skipped": 0,
+                         "ranks": nproc if case.distributed else 1, "budget_s": 0.0, "reasons": {}}
     chosen = {c.id: [v for v in c.variants() if not variants or v.name in variants] for c in cases}
     for case, point in p.items:
         row = rows[case.id]
@@ -65,6 +65,7 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
         for v in chosen[case.id]:
             why = variant_skip(case, v, point, device)
             if why:
+                row["not_run"] += 1
                 row["reasons"][why] = row["reasons"].get(why, 0) + 1
             else:
                 row["runs"] += 1
@@ -88,24 +89,27 @@ def _duration(s: float) -> str:
 def render_plan(suite: str, device: str, rows: list[dict[str, Any]], settings: dict[str, Any], fmt: str) -> str:
     from tabulate import tabulate
 
-    head = ["case", "points", "variant runs", "skipped points", "ranks", "timing budget"]
-    body = [[r["case"], r["points"], r["runs"], r["skipped"], r["ranks"], _duration(r["budget_s"])] for r in rows]
+    head = ["case", "points", "variant runs", "variants not run", "skipped points", "ranks", "timing budget"]
+    body = [[r["case"], r["points"], r["runs"], r["not_run"], r["skipped"], r["ranks"], _duration(r["budget_s"])]
+            for r in rows]
     total = sum(r["budget_s"] for r in rows)
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["case", "points", "variant_runs", "skipped_points", "ranks", "budget_s"])
-        w.writerows([r["case"], r["points"], r["runs"], r["skipped"], r["ranks"], r["budget_s"]] for r in rows)
+        w.writerow(["case", "points", "variant_runs", "variants_not_run", "skipped_points", "ranks", "budget_s"])
+        w.writerows([r["case"], r["points"], r["runs"], r["not_run"], r["skipped"], r["ranks"], r["budget_s"]]
+                    for r in rows)
         return buf.getvalue()
     body.append(["total", sum(r["points"] for r in rows), sum(r["runs"] for r in rows),
-                 sum(r["skipped"] for r in rows), "", _duration(total)])
+                 sum(r["not_run"] for r in rows), sum(r["skipped"] for r in rows), "", _duration(total)])
     md = fmt == "markdown"
     lines = [("**" if md else "") + f"Plan: suite {suite} on {device}, nothing run" + ("**" if md else ""), "",
              tabulate(body, headers=head, tablefmt="github" if md else "simple", disable_numparse=True), ""]
     passes = f"{settings['repeat']} pass{'es' if settings['repeat'] > 1 else ''}"
     note = (f"The timing budget is an upper bound: {settings['budget_s']:g} s per variant run and pass "
             f"({passes}); a variant stops sooner once its median's noise is under {settings['max_noise']:.1%}. "
-            "Set-up, the correctness gate, warm-up and first-call compiles come on top.")
+            "Set-up, the correctness gate, warm-up and first-call compiles come on top. Reasons that "
+            "depend on this host (a library it lacks) may not hold where the run is meant to go.")
     lines.append(note if md else textwrap.fill(note, 100))
     notes = [(r["case"], why, n) for r in rows for why, n in r["reasons"].items()]
     if notes:
