@@ -250,8 +250,9 @@ _MAX_BATCH = 1000
 
 
 def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
-                agreed: Callable[[float], float] = _same) -> int:
-    """Calls per hot sample, so that a sample lasts at least ``min_sample_s``.
+                agreed: Callable[[float], float] = _same) -> tuple[int, int]:
+    """(calls per hot sample, so that a sample lasts at least ``min_sample_s``; the calls
+    made to find it out, which count as warm-up).
 
     ``time_n(n)`` times n back-to-back calls. The run length doubles until one run lasts
     ``min_sample_s`` (timeit's autorange), and unless a single call already lasts twice
@@ -261,14 +262,17 @@ def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
     """
     n = 1
     t = agreed(time_n(n))
+    made = n
     while t < min_sample_s and n < _MAX_BATCH:
         n *= 2
         t = agreed(time_n(n))
+        made += n
     if n > 1 or t < 2 * min_sample_s:
         t = min(t, *(agreed(time_n(n)) for _ in range(2)))
+        made += 2 * n
     if t <= 0:
-        return _MAX_BATCH
-    return int(min(_MAX_BATCH, max(1, math.ceil(min_sample_s * n / t - 1e-9))))
+        return _MAX_BATCH, made
+    return int(min(_MAX_BATCH, max(1, math.ceil(min_sample_s * n / t - 1e-9)))), made
 
 
 def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
@@ -338,7 +342,8 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Samp
         end.record()
         return elapsed_s()
 
-    batch = _batch_size(time_n, opts.min_sample_s, agreed)
+    batch, sizing = _batch_size(time_n, opts.min_sample_s, agreed)
+    warm += sizing
 
     def take() -> float:
         start.record()
@@ -371,7 +376,8 @@ def _cpu_sampler(calls, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
                 calls[j % k]()
             return (time.perf_counter_ns() - t0) * 1e-9
 
-        batch = _batch_size(time_n, opts.min_sample_s, agreed)
+        batch, sizing = _batch_size(time_n, opts.min_sample_s, agreed)
+        warm += sizing
 
     def take() -> float:
         if flush is not None:

@@ -124,21 +124,21 @@ def test_batch_size_is_not_fooled_by_one_slow_call():
     # One preempted call (5.5 us for a 0.1 us call) sized the batch at 9 when it was read
     # from a single call; the doubled runs and the best of three size it from 0.1 us.
     time_n, runs = _fake_runs(1e-7, first_s=5.5e-6)
-    assert _batch_size(time_n, 50e-6) == 500
-    assert runs[:3] == [1, 2, 4] and len(runs) > 3
+    assert _batch_size(time_n, 50e-6) == (500, sum(runs))
+    assert runs[:3] == [1, 2, 4] and runs[-3:] == [512, 512, 512]
 
 
 def test_batch_size_of_a_long_call_is_one_without_extra_runs():
     time_n, runs = _fake_runs(1e-3)
-    assert _batch_size(time_n, 20e-6) == 1
+    assert _batch_size(time_n, 20e-6) == (1, 1)
     assert runs == [1]
 
 
 def test_batch_size_near_the_threshold_is_confirmed_and_capped():
     time_n, runs = _fake_runs(15e-6)  # 1 call: under 20 us; 2 calls: 30 us
-    assert _batch_size(time_n, 20e-6) == 2 and runs == [1, 2, 2, 2]
+    assert _batch_size(time_n, 20e-6) == (2, 7) and runs == [1, 2, 2, 2]
     time_n, runs = _fake_runs(1e-12)
-    assert _batch_size(time_n, 20e-6) == 1000 and max(runs) == 1024
+    assert _batch_size(time_n, 20e-6)[0] == 1000 and max(runs) == 1024
 
 
 def test_batch_size_agrees_every_run_so_ranks_make_the_same_calls():
@@ -148,7 +148,7 @@ def test_batch_size_agrees_every_run_so_ranks_make_the_same_calls():
         seen.append(x)
         return 3 * x
     time_n, runs = _fake_runs(1e-6)
-    assert _batch_size(time_n, 20e-6, agreed) == 20 // 3 + 1
+    assert _batch_size(time_n, 20e-6, agreed)[0] == 20 // 3 + 1
     assert len(seen) == len(runs)
 
 
