@@ -236,11 +236,16 @@ def cmd_run(a: argparse.Namespace) -> int:
     p = make_plan(here, opts, cases)
     if multi and nproc > 1:
         make_plan(multi, opts, cases)  # bad axis values fail here, in one line, not on every rank
-    n_var = sum(len(c.variants()) for c, _ in p.items)
+    from microbench.cli_plan import duration_text
+    from microbench.runner import planned_runs
+
+    n_var, _ = planned_runs(p, variants, device)
     if p.n_points or not multi or nproc == 1:
+        bound = n_var * opts.repeat * opts.timing.budget_s
         print(f"microbench run: suite {suite} on {device}: {len(p.items)} points ({n_var} variant runs)"
               + (f" x {opts.repeat} passes" if opts.repeat > 1 else "")
               + (f", {len(p.skipped)} skipped" if p.skipped else "") + f" from {len(here)} case(s)"
+              + f", timing at most {duration_text(bound)}"
               + (f", then {len(multi)} multi-rank case(s) on {nproc} ranks" if multi and nproc > 1 else ""),
               file=sys.stderr)
     writer = open_writer(a.out, run_meta(a, opts, cases), env.fingerprint(device))

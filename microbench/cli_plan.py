@@ -29,7 +29,7 @@ def plan_device(spec: str) -> str:
 
 def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], dict[str, Any]]:
     """(suite, device, one row per case, run settings) for ``microbench run ARGS --plan``."""
-    from microbench.runner import RunOptions, variant_skip
+    from microbench.runner import RunOptions, variant_plan
     from microbench.timing import TimingOptions
 
     device = plan_device(a.device)
@@ -58,17 +58,15 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
     for case in sorted(cases, key=lambda c: (c.order, c.id)):
         rows[case.id] = {"case": case.id, "points": 0, "runs": 0, "not_run": 0, "skipped": 0,
                          "ranks": nproc if case.distributed else 1, "budget_s": 0.0, "reasons": {}}
-    chosen = {c.id: [v for v in c.variants() if not variants or v.name in variants] for c in cases}
-    for case, point in p.items:
+    for case, _ in p.items:
+        rows[case.id]["points"] += 1
+    for case, _, _, why in variant_plan(p, variants, device):
         row = rows[case.id]
-        row["points"] += 1
-        for v in chosen[case.id]:
-            why = variant_skip(case, v, point, device)
-            if why:
-                row["not_run"] += 1
-                row["reasons"][why] = row["reasons"].get(why, 0) + 1
-            else:
-                row["runs"] += 1
+        if why:
+            row["not_run"] += 1
+            row["reasons"][why] = row["reasons"].get(why, 0) + 1
+        else:
+            row["runs"] += 1
     for case, _, reason in p.skipped:
         row = rows[case.id]
         row["skipped"] += 1
@@ -80,7 +78,7 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
     return suite, device, list(rows.values()), settings
 
 
-def _duration(s: float) -> str:
+def duration_text(s: float) -> str:
     if s < 10:
         return f"{s:.1f} s"
     return f"{s:.0f} s" if s < 600 else f"{s / 60:.1f} min"
@@ -90,8 +88,8 @@ def render_plan(suite: str, device: str, rows: list[dict[str, Any]], settings: d
     from tabulate import tabulate
 
     head = ["case", "points", "variant runs", "variants not run", "skipped points", "ranks", "timing budget"]
-    body = [[r["case"], r["points"], r["runs"], r["not_run"], r["skipped"], r["ranks"], _duration(r["budget_s"])]
-            for r in rows]
+    body = [[r["case"], r["points"], r["runs"], r["not_run"], r["skipped"], r["ranks"],
+             duration_text(r["budget_s"])] for r in rows]
     total = sum(r["budget_s"] for r in rows)
     if fmt == "csv":
         buf = io.StringIO()
@@ -101,7 +99,7 @@ def render_plan(suite: str, device: str, rows: list[dict[str, Any]], settings: d
                     for r in rows)
         return buf.getvalue()
     body.append(["total", sum(r["points"] for r in rows), sum(r["runs"] for r in rows),
-                 sum(r["not_run"] for r in rows), sum(r["skipped"] for r in rows), "", _duration(total)])
+                 sum(r["not_run"] for r in rows), sum(r["skipped"] for r in rows), "", duration_text(total)])
     md = fmt == "markdown"
     lines = [("**" if md else "") + f"Plan: suite {suite} on {device}, nothing run" + ("**" if md else ""), "",
              tabulate(body, headers=head, tablefmt="github" if md else "simple", disable_numparse=True), ""]

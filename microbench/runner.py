@@ -73,6 +73,21 @@ def variant_skip(case: Case, v: Variant, point: Point, device: str) -> str | Non
                                                         f"variant does not run on {device}")
 
 
+def variant_plan(p: Plan, variants: Sequence[str], device: str):
+    """Each (case, point, variant, why it does not run or None) of the plan's points, the
+    variant filter (empty = all) applied."""
+    for case, point in p.items:
+        for v in case.variants():
+            if not variants or v.name in variants:
+                yield case, point, v, variant_skip(case, v, point, device)
+
+
+def planned_runs(p: Plan, variants: Sequence[str], device: str) -> tuple[int, int]:
+    """(variant runs the plan makes, variant runs it skips) over its points."""
+    whys = [why for *_, why in variant_plan(p, variants, device)]
+    return sum(w is None for w in whys), sum(w is not None for w in whys)
+
+
 def _error_text(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")

@@ -259,3 +259,10 @@ def test_plan_of_the_smoke_suite_counts_what_a_run_does(capsys):
     assert "use auto, cpu, cuda or cuda:N" in capsys.readouterr().err
     assert main(["run", "--device", "cuda", "--plan", "--case", "norm.rmsnorm", "--axis", "tokens=3"]) == 2
     assert "tokens has no value 3" in capsys.readouterr().err
+
+
+def test_the_run_header_counts_the_variant_runs_it_makes_and_bounds_their_timing(tmp_path, capsys):
+    assert main(["run", "--device", "cpu", "--case", "norm.rmsnorm", "--variant", "triton", "--axis", "tokens=1",
+                 "--budget-s", "0.05", "--repeat", "1", "--no-probe", "--out", str(tmp_path)]) == 0
+    head = capsys.readouterr().err.splitlines()[0]
+    assert "2 points (2 variant runs)" in head and "timing at most 0.1 s" in head, head
