@@ -43,6 +43,12 @@ def _verify(q, kv_new, kv_cache, plan, out) -> None:
     mla_verify(q, kv_new, kv_cache, plan, out=out)
 
 
+def _verify_dv2(q, kv_new, kv_cache, plan, out) -> None:
+    from microbench.kernels.mla_verify import mla_verify
+
+    mla_verify(q, kv_new, kv_cache, plan, out=out, dv_split=2)
+
+
 def _heads() -> int:
     from microbench.models import ParallelLayout, rank_shapes
 
@@ -65,6 +71,8 @@ class MLAVerifyCase(Case):
     def variants(self) -> Sequence[Variant]:
         return [Variant("extend", _extend, doc="server-style extend kernel (one program per request x head x block)"),
                 Variant("verify", _verify, doc="split-KV, (draft tokens x heads) packed in the tile"),
+                Variant("verify_dv2", _verify_dv2, doc="verify with each tile's 512 value channels over two "
+                        "programs (half the accumulator, twice the logits)"),
                 Variant("decode", _decode, doc="split-KV decode kernel (q_len 1 only)")]
 
     def axes(self, suite: str, device: str = "cuda") -> Mapping[str, Sequence[Any]]:
@@ -124,6 +132,6 @@ class MLAVerifyCase(Case):
             if base and r["variant"] != "extend":
                 d["speed-up vs extend"] = f"{base / t:.2f}x"
             dec = med.get((key(r, draft_tokens=1), "decode"))
-            if dec and r["variant"] == "verify":
+            if dec and r["variant"] in ("verify", "verify_dv2"):
                 n = r["axes"]["draft_tokens"]
-                d["decode x q_len"] = f"{fmt_time(dec * n)} ({dec * n / t:.2f}x verify)"
+                d["decode x q_len"] = f"{fmt_time(dec * n)} ({dec * n / t:.2f}x {r['variant']})"

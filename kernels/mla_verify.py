@@ -32,6 +32,15 @@ exp2 on log2(e)-scaled logits; it writes the split's normalised partial output
 ``[T, H, S, 512]`` fp32 and its base-2 LSE ``[T, H, S]`` (-inf where a row sees no key
 of the split, e.g. an empty split). With one split, stage 1 writes ``out`` itself.
 
+``DV_SPLIT`` 2 (``mla_verify(..., dv_split=2)``): the 512 output channels of a tile are
+split over two programs, adjacent on grid axis 0 (``groups * 2``). Each still loads the
+whole 576-wide key rows and computes the full logits (the latent's halves summed in the
+same order in both, so their softmax statistics agree to the bit), but accumulates and
+writes only its half of ``p @ v``: the accumulator is [M, 256] instead of [M, 512] (at 64
+rows, 64 fp32 registers a thread at 8 warps instead of 128), at the price of twice the
+logit FLOPs and each key block read twice (the second read from L2). The first half
+writes the LSE.
+
 Stage 2, grid ``(T * H, 512 / BLOCK_DV)``: merges a (token, head)'s splits by their LSE
 and writes ``out`` in q.dtype. Split count: :func:`verify_num_splits`.
 """
@@ -45,11 +54,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from microbench.kernels.checks import require_runnable
+from microbench.kernels.checks import require_runnable, small_shared
 from microbench.kernels.mla_common import (HEAD_DIM, KV_LORA_RANK, MAX_Q_LEN, ROPE_DIM, MLAPlan, check_mla_tensors,
                                            sm_count)
 
-__all__ = ["MAX_BLOCK_M", "MAX_SPLITS", "VerifyTile", "mla_verify", "verify_num_splits", "verify_tile"]
+__all__ = ["DV_SPLITS", "MAX_BLOCK_M", "MAX_SPLITS", "VerifyTile", "mla_verify", "verify_num_splits", "verify_tile"]
 
 # ------------------------------------------------------------------------------ constants
 
@@ -67,6 +76,17 @@ MAX_BLOCK_M = 64
 #:            16 warps: 360 B at their 128-register cap).
 #: Every BLOCK_N is >= MAX_Q_LEN, so a request's new-token keys fit one key block.
 TILE_CONFIG = {16: (32, 8), 32: (32, 8), 64: (16, 8)}
+#: The same with the value channels split over two programs (``dv_split=2``), read off the
+#: same way (Triton 3.9, sm_90, bf16, page 1, 4 splits; registers, spill B, smem, blocks/SM):
+#:   16 rows: 32 keys, 4 warps: 146, 0, 71 KiB, 3 (8 warps: 126, 0, 71 KiB, 2;
+#:            whole tile: 105, 0, 55 KiB, 2);
+#:   32 rows: 32 keys, 4 warps: 180, 0, 90 KiB, 2 (8 warps: 136, 0, 90 KiB, 1;
+#:            whole tile: 173, 0, 74 KiB, 1);
+#:   64 rows: 16 keys, 8 warps: 218, 0, 124 KiB, 1 (whole tile: 255, 100 B, 128 KiB, 1).
+#: Whether more blocks per SM, or no spill, pays for the doubled logits is a GPU question.
+#: On GPUs with under 128 KiB of shared memory a block (sm_120: 99 KiB) the 64-row tile's
+#: 100 KiB do not fit: there it takes one stage (82 KiB, 48 B spilled).
+DV2_TILE_CONFIG = {16: (32, 4), 32: (32, 4), 64: (16, 8)}
 #: Output channels per merge program: 4 programs per (token, head) so stage 2 has enough
 #: programs in flight to read the partials quickly at batch 1.
 BLOCK_DV = 128
@@ -80,11 +100,15 @@ NUM_STAGES = 2
 WAVES = 2
 MIN_SPLIT_KEYS = 128
 MIN_KEYS_PER_ROW = 8
+#: Output-channel parts per tile (``dv_split``): 2 halves the [M, 512] accumulator of a
+#: program and doubles the programs.
+DV_SPLITS = (1, 2)
 #: Stage 2 loops over the splits; flash-decoding implementations cap them at 128 too.
 MAX_SPLITS = 128
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-assert all(n >= MAX_Q_LEN for n, _ in TILE_CONFIG.values()), "new-token keys must fit one key block"
+assert all(n >= MAX_Q_LEN for n, _ in [*TILE_CONFIG.values(), *DV2_TILE_CONFIG.values()]), \
+    "new-token keys must fit one key block"
 assert HEAD_DIM == KV_LORA_RANK + ROPE_DIM and KV_LORA_RANK % BLOCK_DV == 0
 
 
@@ -98,9 +122,10 @@ class VerifyTile(NamedTuple):
     num_warps: int
 
 
-def verify_tile(max_q_len: int, heads: int) -> VerifyTile:
+def verify_tile(max_q_len: int, heads: int, dv_split: int = 1) -> VerifyTile:
     """Pack max_q_len x heads rows in one tile, or split the heads into balanced groups of
-    at most MAX_BLOCK_M // max_q_len heads when the rows do not fit MAX_BLOCK_M."""
+    at most MAX_BLOCK_M // max_q_len heads when the rows do not fit MAX_BLOCK_M; keys per
+    block and warps from TILE_CONFIG (DV2_TILE_CONFIG with ``dv_split`` 2)."""
     if not 1 <= max_q_len <= MAX_Q_LEN or heads < 1:
         raise ValueError(f"verify_tile: need 1 <= max_q_len <= {MAX_Q_LEN} and heads >= 1, got {max_q_len}, {heads}")
     hpg = heads
@@ -108,21 +133,21 @@ def verify_tile(max_q_len: int, heads: int) -> VerifyTile:
         groups = -(-heads // max(1, MAX_BLOCK_M // max_q_len))
         hpg = -(-heads // groups)  # same group count, fewest padded heads
     block_m = max(16, triton.next_power_of_2(max_q_len * hpg))
-    return VerifyTile(block_m, hpg, -(-heads // hpg), *TILE_CONFIG[block_m])
+    return VerifyTile(block_m, hpg, -(-heads // hpg), *(DV2_TILE_CONFIG if dv_split == 2 else TILE_CONFIG)[block_m])
 
 
-def verify_num_splits(plan: MLAPlan, heads: int, sm_count: int) -> int:
+def verify_num_splits(plan: MLAPlan, heads: int, sm_count: int, dv_split: int = 1) -> int:
     """Splits of each request's keys: enough programs to fill the GPU, none too short.
 
-    ``min(ceil(WAVES * sm_count / (batch * groups)), L // min_len, MAX_SPLITS)``, at least 1,
+    ``min(ceil(WAVES * sm_count / (batch * groups * dv_split)), L // min_len, MAX_SPLITS)``, at least 1,
     with L = max_prefix + max_q_len (the longest request's keys) and min_len =
     max(MIN_SPLIT_KEYS, MIN_KEYS_PER_ROW * max_q_len * heads_per_group).
     Fewer programs than ~2 waves leaves SMs idle and HBM bandwidth unused (one program's
     loads cannot saturate it); shorter splits spend more on partial outputs and the merge
     than they save. Host ints only: no device read.
     """
-    tile = verify_tile(plan.max_q_len, heads)
-    fill = -(-WAVES * sm_count // (plan.batch * tile.groups))
+    tile = verify_tile(plan.max_q_len, heads, dv_split)
+    fill = -(-WAVES * sm_count // (plan.batch * tile.groups * dv_split))
     min_len = max(MIN_SPLIT_KEYS, MIN_KEYS_PER_ROW * plan.max_q_len * tile.heads_per_group)
     by_len = (plan.max_prefix + plan.max_q_len) // min_len
     return max(1, min(fill, by_len, MAX_SPLITS))
@@ -132,15 +157,39 @@ def verify_num_splits(plan: MLAPlan, heads: int, sm_count: int) -> int:
 
 
 @triton.jit
-def _attend_block(acc, m_i, l_i, q_nope, q_pe, kv, kpe, visible, sm_scale, logit_cap,
+def _load_keys(ptr, k_off, n_ok, d, dpe, q_a, q_b, q_pe, half,
+               BLOCK_DMODEL: tl.constexpr, DV_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A block of keys at row offsets ``k_off``: (q . k logits [M, N], this program's values).
+
+    DV_SPLIT 1: q_a = q_nope [M, 512], values = the keys' 512 latent channels. DV_SPLIT 2:
+    the latent in two halves, q_a / q_b [M, 256] the first / second half of q_nope; the
+    logits are summed in the same order in both programs of a pair (so their LSE agree to
+    the bit) and the values are this program's half (``half``) of the latent.
+    """
+    if DV_SPLIT == 1:
+        kv = tl.load(ptr + k_off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+        kpe = tl.load(ptr + k_off[:, None] + BLOCK_DMODEL + dpe[None, :], mask=n_ok[:, None], other=0.0)
+        qk = tl.dot(q_a, tl.trans(kv), input_precision=DOT_PRECISION)
+        v = kv
+    else:
+        kv_a = tl.load(ptr + k_off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+        kv_b = tl.load(ptr + k_off[:, None] + BLOCK_DMODEL // 2 + d[None, :], mask=n_ok[:, None], other=0.0)
+        kpe = tl.load(ptr + k_off[:, None] + BLOCK_DMODEL + dpe[None, :], mask=n_ok[:, None], other=0.0)
+        qk = tl.dot(q_a, tl.trans(kv_a), input_precision=DOT_PRECISION)
+        qk += tl.dot(q_b, tl.trans(kv_b), input_precision=DOT_PRECISION)
+        v = tl.load(ptr + k_off[:, None] + half * (BLOCK_DMODEL // 2) + d[None, :], mask=n_ok[:, None], other=0.0)
+    qk += tl.dot(q_pe, tl.trans(kpe), input_precision=DOT_PRECISION)
+    return qk, v
+
+
+@triton.jit
+def _attend_block(acc, m_i, l_i, qk, kv, visible, sm_scale, logit_cap,
                   HAS_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One block of keys for all tile rows: online-softmax update of (acc, m_i, l_i).
 
-    q_nope [M, 512], q_pe [M, 64], kv [N, 512] (keys' latent = values), kpe [N, 64],
-    visible [M, N] or [1, N]; m_i is in log2 units. Rows that see nothing keep m_i = -inf, l_i = 0.
+    qk [M, N] the unscaled logits, kv [N, DV] this program's value channels, visible [M, N]
+    or [1, N]; m_i is in log2 units. Rows that see nothing keep m_i = -inf, l_i = 0.
     """
-    qk = tl.dot(q_nope, tl.trans(kv), input_precision=DOT_PRECISION)
-    qk += tl.dot(q_pe, tl.trans(kpe), input_precision=DOT_PRECISION)
     qk = qk * sm_scale
     if HAS_CAP:  # cap * tanh(x / cap), tanh written with exp so the interpreter runs it too
         qk = logit_cap * (1.0 - 2.0 / (tl.exp(2.0 * qk / logit_cap) + 1.0))
@@ -162,10 +211,12 @@ def _mla_verify_split_kernel(
     sm_scale, logit_cap, num_heads, num_splits,
     HPG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr,
     BLOCK_DPE: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_TREE: tl.constexpr, HAS_CAP: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr, DV_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Stage 1: program (head group g, split s, request b); see the module docstring."""
-    g = tl.program_id(0)
+    """Stage 1: program (head group g x value half, split s, request b); see the module docstring."""
+    g = tl.program_id(0) // DV_SPLIT
+    half = tl.program_id(0) % DV_SPLIT
+    DV: tl.constexpr = BLOCK_DMODEL // DV_SPLIT
     s = tl.program_id(1)
     b = tl.program_id(2)
     HEAD: tl.constexpr = BLOCK_DMODEL + BLOCK_DPE
@@ -184,14 +235,18 @@ def _mla_verify_split_kernel(
     head = g * HPG + rows % HPG
     row_ok = (tok < q_len) & (head < num_heads)
     row_off = ((qo_start + tok).to(tl.int64) * num_heads + head) * HEAD  # into q [T, H, 576]
-    d = tl.arange(0, BLOCK_DMODEL)
+    d = tl.arange(0, DV)  # the latent channels of one part (all 512 unless DV_SPLIT)
     dpe = tl.arange(0, BLOCK_DPE)
-    q_nope = tl.load(q_ptr + row_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    q_a = tl.load(q_ptr + row_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    if DV_SPLIT == 1:
+        q_b = q_a  # unused
+    else:
+        q_b = tl.load(q_ptr + row_off[:, None] + DV + d[None, :], mask=row_ok[:, None], other=0.0)
     q_pe = tl.load(q_ptr + row_off[:, None] + BLOCK_DMODEL + dpe[None, :], mask=row_ok[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DMODEL], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], tl.float32)
 
     # the prefix part of the split: every row sees every key, only the range is masked
     pre_end = tl.minimum(k_end, prefix)
@@ -200,9 +255,9 @@ def _mla_verify_split_kernel(
         n_ok = n < pre_end
         page = tl.load(kv_indices_ptr + page_base + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
         k_off = (page * PAGE_SIZE + n % PAGE_SIZE) * HEAD
-        kv = tl.load(kv_cache_ptr + k_off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        kpe = tl.load(kv_cache_ptr + k_off[:, None] + BLOCK_DMODEL + dpe[None, :], mask=n_ok[:, None], other=0.0)
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q_nope, q_pe, kv, kpe, n_ok[None, :], sm_scale, logit_cap,
+        qk, kv = _load_keys(kv_cache_ptr, k_off, n_ok, d, dpe, q_a, q_b, q_pe, half, BLOCK_DMODEL, DV_SPLIT,
+                            DOT_PRECISION)
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, qk, kv, n_ok[None, :], sm_scale, logit_cap,
                                       HAS_CAP, DOT_PRECISION)
 
     # the new-token part (at most q_len <= BLOCK_N keys: zero or one trip), with the mask
@@ -211,28 +266,31 @@ def _mla_verify_split_kernel(
         j = n - prefix  # new token j of the request
         n_ok = n < k_end
         k_off = (qo_start + j).to(tl.int64) * HEAD
-        kv = tl.load(kv_new_ptr + k_off[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-        kpe = tl.load(kv_new_ptr + k_off[:, None] + BLOCK_DMODEL + dpe[None, :], mask=n_ok[:, None], other=0.0)
+        qk, kv = _load_keys(kv_new_ptr, k_off, n_ok, d, dpe, q_a, q_b, q_pe, half, BLOCK_DMODEL, DV_SPLIT,
+                            DOT_PRECISION)
         both = row_ok[:, None] & n_ok[None, :]
         if HAS_TREE:
             m_off = tl.load(mask_indptr_ptr + b) + tok[:, None] * q_len + j[None, :]
             visible = both & (tl.load(tree_mask_ptr + m_off, mask=both, other=0) != 0)
         else:
             visible = both & (j[None, :] <= tok[:, None])
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q_nope, q_pe, kv, kpe, visible, sm_scale, logit_cap,
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, qk, kv, visible, sm_scale, logit_cap,
                                       HAS_CAP, DOT_PRECISION)
 
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]  # an empty row's acc is 0: store 0, not NaN
     tok_head = (qo_start + tok).to(tl.int64) * num_heads + head  # (token, head) index
+    c = half * DV + d  # this program's output channels
     if SINGLE_SPLIT:
-        tl.store(out_ptr + tok_head[:, None] * BLOCK_DMODEL + d[None, :], o.to(out_ptr.dtype.element_ty),
+        tl.store(out_ptr + tok_head[:, None] * BLOCK_DMODEL + c[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
     else:
         slot = tok_head * num_splits + s
-        tl.store(part_ptr + slot[:, None] * BLOCK_DMODEL + d[None, :], o, mask=row_ok[:, None])
+        tl.store(part_ptr + slot[:, None] * BLOCK_DMODEL + c[None, :], o, mask=row_ok[:, None])
+        # the two halves' LSE are equal to the bit: the first half writes it (the test is on
+        # a block, not the scalar: the interpreter cannot mask with a block & a scalar)
         tl.store(lse_ptr + slot, tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")),
-                 mask=row_ok)
+                 mask=row_ok & ((rows * 0 + half) == 0))
 
 
 @triton.jit
@@ -259,7 +317,7 @@ def _mla_verify_merge_kernel(part_ptr, lse_ptr, out_ptr, num_splits, DV: tl.cons
 
 
 def mla_verify(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, out: Tensor | None = None,
-               num_splits: int | None = None) -> Tensor:
+               num_splits: int | None = None, dv_split: int = 1) -> Tensor:
     """Verify-step absorbed-MLA attention: all (token x head) rows of a request in one tile.
 
     Args:
@@ -270,6 +328,9 @@ def mla_verify(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, ou
         out: optional [T, H, 512] q.dtype contiguous output, written entirely.
         num_splits: splits of each request's keys; None = :func:`verify_num_splits` for
             this GPU's SM count (132 on the CPU). Splits past a request's keys are empty.
+        dv_split: 1, or 2 to split each tile's 512 output channels over two programs
+            (see ``DV_SPLIT`` in the module docstring): half the accumulator per program,
+            twice the programs, each key block read by both (the second from L2).
 
     Returns:
         out [T, H, 512] in q.dtype (semantics of ``reference.mla_attention_ref``).
@@ -285,9 +346,11 @@ def mla_verify(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, ou
     if heads < 1:
         raise ValueError(f"q: needs at least one head, got shape {tuple(q.shape)}")
     require_runnable(_mla_verify_split_kernel, q, "q")
-    tile = verify_tile(plan.max_q_len, heads)
+    if dv_split not in DV_SPLITS or isinstance(dv_split, bool):
+        raise ValueError(f"dv_split: expected one of {DV_SPLITS}, got {dv_split!r}")
+    tile = verify_tile(plan.max_q_len, heads, dv_split)
     if num_splits is None:
-        num_splits = verify_num_splits(plan, heads, sm_count(q.device))
+        num_splits = verify_num_splits(plan, heads, sm_count(q.device), dv_split)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
 
@@ -302,15 +365,16 @@ def mla_verify(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, ou
     # bool -> uint8 is a free view: byte loads compile the same on every Triton version
     tree = plan.tree_mask.view(torch.uint8) if has_tree else plan.qo_indptr
     mask_indptr = plan.mask_indptr if has_tree else plan.qo_indptr
-    grid = (tile.groups, num_splits, plan.batch)
+    grid = (tile.groups * dv_split, num_splits, plan.batch)
     _mla_verify_split_kernel[grid](
         q, kv_new, kv_cache, plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.prefix_lens,
         tree, mask_indptr, part, lse, out,
         plan.sm_scale, plan.logit_cap if plan.logit_cap > 0 else 1.0, heads, num_splits,
         HPG=tile.heads_per_group, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_DMODEL=KV_LORA_RANK,
         BLOCK_DPE=ROPE_DIM, PAGE_SIZE=plan.page_size, HAS_TREE=has_tree, HAS_CAP=plan.logit_cap > 0,
-        SINGLE_SPLIT=single, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=tile.num_warps, num_stages=NUM_STAGES,
+        SINGLE_SPLIT=single, DV_SPLIT=dv_split, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tile.num_warps,
+        num_stages=1 if dv_split == 2 and tile.block_m == 64 and small_shared(q.device) else NUM_STAGES,
     )
     if not single:
         # 4 warps x 32 lanes cover BLOCK_DV = 128 channels one per lane: the merge is a

@@ -87,6 +87,24 @@ def test_decode_batch_of_single_tokens():
     _run(x, dtype, atol, rtol, num_splits=2)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_value_halves_match_the_reference_and_the_whole_tile(num_splits):
+    # dv_split 2: each half's program computes the same logits; a half that wrote the other's
+    # channels, or an LSE of its own, would move the merged output by O(0.1)
+    dtype, atol, rtol = LOW
+    x = make_mla_inputs([3, 1, 7], [63, 0, 65], heads=4, page_size=64, dtype=dtype, device=DEVICE, seed=6,
+                        tree=True)
+    halves = _run(x, dtype, atol, rtol, num_splits=num_splits, dv_split=2)
+    whole = _run(x, dtype, atol, rtol, num_splits=num_splits)
+    assert (halves.float() - whole.float()).abs().max().item() < 2e-3
+
+
+def test_value_halves_with_head_groups_and_the_default_splits():
+    dtype, atol, rtol = LOW
+    x = make_mla_inputs([7, 3], [65, 1000], heads=20, page_size=1, dtype=dtype, device=DEVICE, seed=12)
+    _run(x, dtype, atol, rtol, dv_split=2)
+
+
 def test_tile_rule_packs_tokens_and_heads_and_groups_past_the_limit():
     assert verify_tile(4, 8)[:3] == (32, 8, 1)  # the Kimi verify tile: 4 tokens x 8 heads
     assert verify_tile(1, 1)[:3] == (16, 1, 1)  # tl.dot's minimum M
@@ -139,6 +157,8 @@ def test_bad_input_is_named():
         mla_verify(x.q, x.kv_new, x.kv_cache, x.plan, out=torch.empty(5, 4, 576, dtype=torch.float16, device=DEVICE))
     with pytest.raises(ValueError, match="num_splits"):
         mla_verify(x.q, x.kv_new, x.kv_cache, x.plan, num_splits=0)
+    with pytest.raises(ValueError, match="dv_split"):
+        mla_verify(x.q, x.kv_new, x.kv_cache, x.plan, dv_split=4)
     with pytest.raises(ValueError, match="q: dtype"):
         mla_verify(x.q.to(torch.int16), x.kv_new.to(torch.int16), x.kv_cache.to(torch.int16), x.plan)
 
