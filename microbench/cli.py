@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -31,14 +32,17 @@ def _err(msg: str) -> int:
 # --------------------------------------------------------------------------- device
 
 
-def resolve_device(spec: str) -> str:
+def resolve_device(spec: str, present: bool = True) -> str:
     """``auto`` -> cuda if present else cpu. On CPU the Triton interpreter is switched on
-    here, before any kernel module is imported (Triton decides at decoration time)."""
+    here, before any kernel module is imported (Triton decides at decoration time). With
+    ``present`` False (``run --plan``) a CUDA device is only named, not required."""
     import torch
 
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec.startswith("cuda"):
+    if re.fullmatch(r"cuda(:\d+)?", spec):
+        if not present:
+            return spec
         if not torch.cuda.is_available():
             raise UsageError(f"--device {spec}: no CUDA device (torch {torch.__version__}, "
                              f"torch.cuda.is_available() is False)")
@@ -152,19 +156,32 @@ def run_selection(a: argparse.Namespace, device: str) -> tuple[str, list, list[s
     return suite, cases, variants
 
 
-def run_options(a: argparse.Namespace, suite: str, device: str, variants: list[str], world: Any = None):
-    from microbench import env
-    from microbench.runner import RunOptions
+def run_timing(a: argparse.Namespace, device: str):
+    """``run``'s TimingOptions (--mode, --budget-s, --max-noise) and its passes over the plan
+    (--repeat; default 1 on CUDA, 3 on CPU)."""
     from microbench.timing import TimingOptions
 
     try:
         timing = TimingOptions(mode=a.mode, budget_s=a.budget_s, max_noise=a.max_noise)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    return timing, a.repeat if a.repeat else (1 if device.startswith("cuda") else 3)
+
+
+def default_nproc(a: argparse.Namespace, device: str) -> int:
+    """Ranks of multi-rank cases: --nproc, else every GPU on CUDA, 2 gloo processes on CPU."""
+    return a.nproc if a.nproc is not None else (_cuda_count() if device.startswith("cuda") else 2)
+
+
+def run_options(a: argparse.Namespace, suite: str, device: str, variants: list[str], world: Any = None):
+    from microbench import env
+    from microbench.runner import RunOptions
+
+    timing, repeat = run_timing(a, device)
     return RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, seed=a.seed, min_effect=a.min_effect, probe=not a.no_probe,
                       cache_bytes=env.l2_cache_bytes(device), profile_ceilings=_profile_ceilings(device),
-                      repeat=a.repeat if a.repeat else (1 if device.startswith("cuda") else 3), world=world)
+                      repeat=repeat, world=world)
 
 
 def make_plan(cases, opts, all_cases):
@@ -214,7 +231,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     suite, cases, variants = run_selection(a, device)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     multi = [c for c in cases if c.distributed and (not variants or any(v.name in variants for v in c.variants()))]
-    nproc = a.nproc if a.nproc is not None else (_cuda_count() if kind == "cuda" else 2)
+    nproc = default_nproc(a, device)
     world = None
     if multi:
         try:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from microbench.cli import UsageError, _axis_picks, _split
+from microbench.report import render_table
 
 EXIT_PROBLEMS = 1
 
@@ -55,23 +56,7 @@ def table(builds: list[Any], sm: Any, fmt: str) -> str:
                      ", ".join(f"{u} ({n})" for u, n in sorted(b.uses.items()))])
     head = ["kernel", "config", "warps", "stages", "regs", "spill st/ld B", "smem KiB", "blocks/SM", "fits",
             "used by (points)"]
-    return _render(rows, head, fmt)
-
-
-def _render(rows: list[list[Any]], head: list[str], fmt: str) -> str:
-    """``rows`` under ``head`` as text, a GitHub table (markdown) or CSV."""
-    if fmt == "csv":
-        import csv
-        import io
-
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(head)
-        w.writerows(rows)
-        return buf.getvalue()
-    from tabulate import tabulate
-
-    return tabulate(rows, head, tablefmt="github" if fmt == "markdown" else "simple") + "\n"
+    return render_table(rows, head, fmt)
 
 
 def _load_baseline(path: str, arch: int) -> dict[str, Any]:
@@ -121,7 +106,7 @@ def diff(old: list[dict[str, Any]], new: list[dict[str, Any]], fmt: str) -> tupl
             counts["added" if n else "removed"] += 1
             rows.append(["+" if n else "-", b["kernel"], configs[id(b)], *[b.get(f) for f, _ in _COMPARED]])
     head = ["", "kernel", "config", *[h for _, h in _COMPARED]]
-    return (_render(rows, head, fmt) if rows else ""), counts
+    return (render_table(rows, head, fmt) if rows else ""), counts
 
 
 class _Shim:

@@ -6,51 +6,27 @@ against its time limit, before it gets one."""
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import re
 import textwrap
 from typing import Any
 
-from microbench.cli import UsageError, _axis_picks, make_plan, run_selection
-
-
-def plan_device(spec: str) -> str:
-    """``--device`` for a plan: ``cuda`` and ``cuda:N`` need no GPU here; ``auto`` is cuda
-    where one is present, else cpu."""
-    if spec == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if spec == "cpu" or re.fullmatch(r"cuda(:\d+)?", spec):
-        return spec
-    raise UsageError(f"--device {spec!r}: use auto, cpu, cuda or cuda:N")
+from microbench.cli import (UsageError, _axis_picks, default_nproc, make_plan, resolve_device, run_selection,
+                            run_timing)
 
 
 def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], dict[str, Any]]:
     """(suite, device, one row per case, run settings) for ``microbench run ARGS --plan``."""
     from microbench.runner import RunOptions, variant_plan
-    from microbench.timing import TimingOptions
 
-    device = plan_device(a.device)
+    device = resolve_device(a.device, present=False)
     suite, cases, variants = run_selection(a, device)
-    cuda = device.startswith("cuda")
-    if a.nproc is not None and a.nproc < 1:
-        raise UsageError(f"--nproc {a.nproc}: need at least 1")
-    if a.nproc is not None:
-        nproc = a.nproc
-    elif cuda:
-        import torch
-
-        nproc = max(1, torch.cuda.device_count())
-    else:
-        nproc = 2
+    nproc = default_nproc(a, device)
+    if nproc < 1:
+        raise UsageError(f"--nproc {nproc}: need at least 1")
+    timing, repeat = run_timing(a, device)
     try:
-        timing = TimingOptions(mode=a.mode, budget_s=a.budget_s, max_noise=a.max_noise)
         timing.resolved_mode(device)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    repeat = a.repeat if a.repeat else (1 if cuda else 3)
     opts = RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, repeat=repeat)
     p = make_plan(cases, opts, cases)
@@ -73,8 +49,7 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
         row["reasons"][reason] = row["reasons"].get(reason, 0) + 1
     for row in rows.values():
         row["budget_s"] = row["runs"] * timing.budget_s * repeat
-    settings = {"budget_s": timing.budget_s, "max_noise": timing.max_noise, "repeat": repeat, "nproc": nproc,
-                "interleave": a.interleave}
+    settings = {"budget_s": timing.budget_s, "max_noise": timing.max_noise, "repeat": repeat}
     return suite, device, list(rows.values()), settings
 
 
@@ -85,24 +60,22 @@ def duration_text(s: float) -> str:
 
 
 def render_plan(suite: str, device: str, rows: list[dict[str, Any]], settings: dict[str, Any], fmt: str) -> str:
-    from tabulate import tabulate
+    from microbench.report import render_table
 
+    if fmt == "csv":
+        return render_table([[r["case"], r["points"], r["runs"], r["not_run"], r["skipped"], r["ranks"],
+                              r["budget_s"]] for r in rows],
+                            ["case", "points", "variant_runs", "variants_not_run", "skipped_points", "ranks",
+                             "budget_s"], fmt)
     head = ["case", "points", "variant runs", "variants not run", "skipped points", "ranks", "timing budget"]
     body = [[r["case"], r["points"], r["runs"], r["not_run"], r["skipped"], r["ranks"],
              duration_text(r["budget_s"])] for r in rows]
     total = sum(r["budget_s"] for r in rows)
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["case", "points", "variant_runs", "variants_not_run", "skipped_points", "ranks", "budget_s"])
-        w.writerows([r["case"], r["points"], r["runs"], r["not_run"], r["skipped"], r["ranks"], r["budget_s"]]
-                    for r in rows)
-        return buf.getvalue()
     body.append(["total", sum(r["points"] for r in rows), sum(r["runs"] for r in rows),
                  sum(r["not_run"] for r in rows), sum(r["skipped"] for r in rows), "", duration_text(total)])
     md = fmt == "markdown"
     lines = [("**" if md else "") + f"Plan: suite {suite} on {device}, nothing run" + ("**" if md else ""), "",
-             tabulate(body, headers=head, tablefmt="github" if md else "simple", disable_numparse=True), ""]
+             render_table(body, head, fmt).rstrip("\n"), ""]
     passes = f"{settings['repeat']} pass{'es' if settings['repeat'] > 1 else ''}"
     note = (f"The timing budget is an upper bound: {settings['budget_s']:g} s per variant run and pass "
             f"({passes}); a variant stops sooner once its median's noise is under {settings['max_noise']:.1%}. "

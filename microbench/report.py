@@ -229,6 +229,17 @@ CSV_FIELDS = ["case", "axes", "variant", "device", "status", "reason", "median_s
               "vs_baseline_label", "derived"]
 
 
+def render_table(rows: list[list[Any]], head: list[str], fmt: str) -> str:
+    """``rows`` under ``head`` as text, a GitHub table (markdown) or CSV."""
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(head)
+        w.writerows(rows)
+        return buf.getvalue()
+    return tabulate(rows, head, tablefmt="github" if fmt == "markdown" else "simple") + "\n"
+
+
 def render_csv(records: Iterable[dict[str, Any]]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
