@@ -1,4 +1,4 @@
-"""``microbench`` command line: list, run, tune, model, env, compare, report.
+"""``microbench`` command line: list, run, shapes, env (the other commands live in cli_*.py).
 
 Bad input (an unknown suite, case, variant or axis value, a malformed or foreign result
 file, a config missing keys) prints one line and exits 2, never a traceback.
@@ -301,7 +301,7 @@ def _cuda_count() -> int:
     return max(1, torch.cuda.device_count())
 
 
-# --------------------------------------------------------------------------- shapes / env / report / compare
+# --------------------------------------------------------------------------- shapes / env
 
 
 def cmd_shapes(a: argparse.Namespace) -> int:
@@ -333,62 +333,7 @@ def cmd_env(a: argparse.Namespace) -> int:
     return 0
 
 
-def _load(path: str) -> dict[str, Any]:
-    from microbench.results import ResultError, load
-
-    try:
-        return load(path)
-    except ResultError as e:
-        raise UsageError(str(e)) from None
-
-
-def cmd_report(a: argparse.Namespace) -> int:
-    from microbench import report
-
-    doc = _load(a.result)
-    print(report.render(doc, a.format), end="")
-    if a.plot:
-        from microbench.plots import PlotError, plot_results
-
-        try:
-            for path in plot_results(doc, a.plot):
-                print(f"plot: {path}", file=sys.stderr)
-        except PlotError as e:
-            raise UsageError(str(e)) from None
-    return 0
-
-
-def cmd_compare(a: argparse.Namespace) -> int:
-    from microbench import compare
-
-    mapping = {}
-    for item in a.map_variant or []:
-        old, sep, new = item.partition("=")
-        if not sep or not old or not new:
-            raise UsageError(f"--map-variant {item!r}: expected BASE_VARIANT=NEW_VARIANT")
-        mapping[old] = new
-    base, new = _load(a.base), _load(a.new)
-    result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
-                                  probe_correct=a.probe_correct, relative=a.relative)
-    print(compare.render(result, a.format), end="")
-    if a.fail_on == "slower" and any(row["label"] == "SLOWER" for row in result["rows"]):
-        return 1
-    return 0
-
-
 # --------------------------------------------------------------------------- parser
-
-
-def _quantile(text: str) -> float:
-    if text == "median":
-        return 0.5
-    try:
-        q = float(text[1:]) / 100 if text.startswith("p") else float("nan")
-    except ValueError:
-        q = float("nan")
-    if not 0 < q < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: use median or pN with 0 < N < 100 (e.g. p5)")
-    return q
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -448,35 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="print JSON")
     e.set_defaults(func=cmd_env)
 
-    c = sub.add_parser("compare", help="verdicts between two result files (FASTER/SLOWER/SAME/UNSURE)")
-    c.add_argument("base")
-    c.add_argument("new")
-    c.add_argument("--format", choices=["text", "markdown"], default="text")
-    c.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change called real (default 2%%)")
-    c.add_argument("--fail-on", choices=["slower"], help="exit 1 when any case is SLOWER")
-    c.add_argument("--stat", type=_quantile, metavar="median|pN",
-                   help="statistic compared: median (default) or a percentile like p5")
-    c.add_argument("--relative", action="store_true",
-                   help="compare each variant's paired ratio to its baseline (runs made with --interleave): "
-                        "robust to the machine moving between runs")
-    c.add_argument("--probe-correct", action="store_true",
-                   help="divide each ratio by the environment probe's ratio between the runs")
-    c.add_argument("--map-variant", action="append", metavar="BASE=NEW",
-                   help="compare variant BASE of the base run with variant NEW of the new run")
-    c.set_defaults(func=cmd_compare)
+    from microbench import cli_compile, cli_model, cli_results, cli_try
 
-    from microbench import cli_compile, cli_model, cli_try
-
+    cli_results.add_parsers(sub)
     cli_model.add_parser(sub)
     cli_try.add_parser(sub)
     cli_compile.add_parser(sub)
 
-    rep = sub.add_parser("report", help="print a result file's tables")
-    rep.add_argument("result")
-    rep.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
-    rep.add_argument("--plot", metavar="DIR", help="also draw time vs token count per variant, a PNG per case "
-                     "(matplotlib)")
-    rep.set_defaults(func=cmd_report)
     return p
 
 
