@@ -281,6 +281,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(report.render(writer.doc, a.format), end="")
         print(f"interrupted: {len(writer.records)} records kept in {path} (marked incomplete)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BaseException as e:  # a crash outside any case: the points finished so far stay on disk
+        writer.close(complete=False, error=f"{type(e).__name__}: {e}")
+        raise
     finally:
         if world is not None:
             world.close()

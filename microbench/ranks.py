@@ -141,7 +141,13 @@ def run_ranks(a: argparse.Namespace) -> int:
         writer.doc["ranks"] = [{"rank": r, "fingerprint": fp} for r, fp in enumerate(fingerprints)]
         world.on_fatal(lambda line: writer.close(complete=False, error=line))
     runner = Runner(opts, writer, progress=None if lead else (lambda line: None))
-    runner.run(p)
+    try:
+        runner.run(p)
+    except BaseException as e:  # SIGTERM from torchrun, Ctrl-C, a crash: the points finished so far stay on disk
+        if writer is not None:
+            stopped = isinstance(e, KeyboardInterrupt)
+            writer.close(complete=False, interrupted=stopped, error=None if stopped else f"{type(e).__name__}: {e}")
+        raise
     if writer is not None:
         path = writer.close(complete=True)
         if not a.no_table:

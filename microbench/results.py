@@ -29,11 +29,13 @@ marked ``complete: false``.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import os
 import re
 import socket
 import tempfile
+import time
 from typing import Any, Iterable
 
 SCHEMA = "microbench.result"
@@ -73,12 +75,18 @@ def _claim(directory: str, name: str) -> str:
 
 
 def write_atomic(path: str, doc: dict[str, Any]) -> None:
-    """Write JSON to ``path`` through a temporary file in the same folder + os.replace."""
+    """Write JSON to ``path`` through a temporary file in the same folder + os.replace.
+
+    Compact separators: json's C encoder serves only ``indent=None``, and a GPU run's file
+    (hundreds of points, thousands of raw samples each) takes seconds to write through the
+    pure-Python one; ``python -m json.tool`` indents a file for reading.
+    """
     directory = os.path.dirname(os.path.abspath(path))
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=True)  # before the temporary file: a bad doc leaves none
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, allow_nan=True)
+            f.write(text)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -90,9 +98,18 @@ def write_atomic(path: str, doc: dict[str, Any]) -> None:
 
 
 class ResultWriter:
-    """Owns one result file for one run; ``add`` records and ``flush`` after each point."""
+    """Owns one result file for one run; ``add`` records and ``flush`` after each point.
 
-    def __init__(self, out_dir: str, run: dict[str, Any], fingerprint: dict[str, Any]):
+    ``flush`` rewrites the whole file, so it writes at most once per ``min_interval_s``
+    (or ten times its last write's duration, if longer) unless forced: a long run then
+    spends under ~10% of its time writing, and a crash loses at most that window's points.
+    ``close`` (a finished, failed or interrupted run) always writes; ``min_interval_s=0``
+    writes on every flush.
+    """
+
+    def __init__(self, out_dir: str, run: dict[str, Any], fingerprint: dict[str, Any], min_interval_s: float = 5.0):
+        self.min_interval_s = min_interval_s
+        self._next_write = 0.0
         os.makedirs(out_dir, exist_ok=True)
         short = (fingerprint.get("git") or {}).get("short")
         host = (fingerprint.get("host") or {}).get("hostname")
@@ -113,28 +130,36 @@ class ResultWriter:
     def add(self, records: Iterable[dict[str, Any]]) -> None:
         self.doc["records"].extend(records)
 
-    def flush(self) -> None:
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_write:
+            return
         write_atomic(self.path, self.doc)
+        took = time.monotonic() - now
+        self._next_write = now + max(self.min_interval_s, 10 * took) if self.min_interval_s > 0 else 0.0
 
     def close(self, *, complete: bool, interrupted: bool = False, error: str | None = None) -> str:
         self.doc["run"].update(complete=complete, interrupted=interrupted, finished_utc=utc_now())
         if error:
             self.doc["run"]["error"] = error
-        self.flush()
+        self.flush(force=True)
         return self.path
 
 
 def load(path: str) -> dict[str, Any]:
-    """Read and validate a result file; raises ResultError with one clear line."""
+    """Read and validate a result file (``.json``, or gzip-compressed as ``gzip`` leaves it);
+    raises ResultError with one clear line."""
     try:
-        with open(path) as f:
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        with (gzip.open(path, "rt") if gz else open(path)) as f:
             doc = json.load(f)
     except FileNotFoundError:
         raise ResultError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError) as e:
         raise ResultError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
-        raise ResultError(f"{path}: not a JSON result file ({e.msg} at line {e.lineno})") from None
+        raise ResultError(f"{path}: not a JSON result file ({e.msg} at line {e.lineno}, column {e.colno})") from None
     validate(doc, path)
     return doc
 

@@ -35,12 +35,39 @@ def test_two_writers_in_the_same_second_never_share_a_file(tmp_path):
 
 
 def test_a_run_is_on_disk_before_it_finishes_and_marked_incomplete(tmp_path):
-    w = ResultWriter(str(tmp_path), {}, FP)
+    w = ResultWriter(str(tmp_path), {}, FP, min_interval_s=0.0)
     w.add([_rec()])
     w.flush()
     assert load(w.path)["run"]["complete"] is False and len(load(w.path)["records"]) == 1
     w.close(complete=False, interrupted=True)
     assert load(w.path)["run"]["interrupted"] is True
+
+
+def test_flushes_are_rate_limited_but_close_always_writes(tmp_path):
+    w = ResultWriter(str(tmp_path), {}, FP, min_interval_s=3600.0)  # the creating write started the window
+    w.add([_rec()])
+    w.flush()
+    assert load(w.path)["records"] == []  # inside the window: not rewritten
+    w.flush(force=True)
+    assert len(load(w.path)["records"]) == 1
+    w.add([_rec(variant="w")])
+    w.close(complete=True)
+    doc = load(w.path)
+    assert doc["run"]["complete"] is True and [r["variant"] for r in doc["records"]] == ["v", "w"]
+
+
+def test_a_gzip_compressed_result_file_loads_as_the_plain_one(tmp_path):
+    import gzip
+
+    path = ResultWriter(str(tmp_path), {"suite": "smoke"}, FP).close(complete=True)
+    gz = str(tmp_path / "r.json.gz")
+    with open(path, "rb") as src, gzip.open(gz, "wb") as dst:
+        dst.write(src.read())
+    assert load(gz) == load(path)
+    with open(str(tmp_path / "cut.json.gz"), "wb") as f:
+        f.write(open(gz, "rb").read()[:20])
+    with pytest.raises(ResultError, match="cut.json.gz: cannot read"):
+        load(str(tmp_path / "cut.json.gz"))
 
 
 def test_atomic_write_leaves_the_old_file_when_serialisation_fails(tmp_path):
