@@ -68,10 +68,12 @@ _WAVES = 2
 #: traffic is ~22% of the split's key bytes, and shorter splits would be dominated by it.
 #: A multiple of every BLOCK_N, so this is also "no split shorter than a tile".
 MIN_SPLIT_KEYS = 128
-#: Most splits: the merge reads all of a head's LSEs at once and its partials in chunks, and
-#: the scratch grows with it (batch 16 x 8 heads x 64 splits x 2 KB = 16 MB); beyond 64,
-#: a split of a long request is still hundreds of keys, so more splits buy little.
-MAX_SPLITS = 64
+#: Most splits: the verify kernel's cap, so that at batch 1 both kernels fill the GPU
+#: alike (128 at 16K keys: 128 programs of ~128 keys; a cap of 64 left half of an H200's
+#: 132 SMs idle). The cap binds only below 2 x SMs / 128 requests (batch <= 2 on an H200),
+#: so the scratch stays small (2 x 8 heads x 128 splits x 2 KB = 4 MB); the merge reads all
+#: of a head's LSEs at once (128 floats) and its partials in chunks.
+MAX_SPLITS = 128
 #: Splits the merge weights per step: an [8, 512] fp32 chunk is 32 registers a thread at 4 warps.
 _MERGE_CHUNK = 8
 #: Stand-in SM count off the GPU (an H200's), so the interpreter path runs the same rule.
@@ -234,8 +236,8 @@ def decode_num_splits(plan: MLAPlan, heads: int, sm_count: int) -> int:
     programs exit after a few loads.
 
     Example at Kimi-K2.5 TP8 (8 heads -> one head tile) on an H200 (132 SMs): batch 16 at
-    context 16K -> 17 splits (272 programs); batch 1 at 16K -> 64 (the cap: 64 programs,
-    about half the SMs).
+    context 16K -> 17 splits (272 programs); batch 1 at 16K -> 128 (the cap: 128 programs,
+    one per SM; the length rule alone would give 129).
     """
     if heads < 1 or sm_count < 1:
         raise ValueError(f"heads and sm_count must be >= 1, got {heads}, {sm_count}")

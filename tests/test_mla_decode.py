@@ -59,7 +59,7 @@ def test_matches_reference_with_the_default_split_rule(prefix_lens, heads, page_
     _assert_matches(x, out, atol, rtol)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, 7])
+@pytest.mark.parametrize("num_splits", [1, 3, 7, MAX_SPLITS])  # MAX_SPLITS: the widest merge
 def test_forced_splits_including_splits_with_no_keys(num_splits, monkeypatch):
     # 7 splits of a 2-key request: six get no keys; prefix 64 at 3 splits leaves the last
     # split only the new token's own row. The scratch is NaN-filled: the merge must never
