@@ -8,8 +8,15 @@ without waiting for the GPU (the enqueue cost), averaged over a few calls.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
+
+# Kineto tears CUPTI down after each profiler session when TEARDOWN_CUPTI is 1, and the
+# teardown runs asynchronously: a session started right after the last one can record no
+# GPU activity at all (a launch count of 0). One session per variant, back to back, is
+# exactly that pattern, so CUPTI stays up for the process unless the user says otherwise.
+os.environ.setdefault("TEARDOWN_CUPTI", "0")
 
 #: Calls averaged for the host time: few enough that the launch queue never fills.
 HOST_REPS = 5
