@@ -68,8 +68,9 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
          log: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Tune every point; returns the winners' rows and the tables written.
 
-    Each case saves its table after every point (``Case.save_tuning``), so an
-    interrupted search keeps what it found.
+    Each case saves its table after every point (``Case.save_tuning``), and on Ctrl-C or
+    SIGTERM once more before the interrupt goes on: the searches finished at the point
+    being tuned (the case puts each winner in its table as it is found) are kept too.
     """
     log = log or (lambda s: print(s, file=sys.stderr))
     timing = timing or TimingOptions(budget_s=0.2, max_noise=0.01)
@@ -79,7 +80,13 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
         log(f"[{i}/{len(items)}] {case.id} {point_label(point)}")
         trial = Trial(case, point, device, point_seed(seed, case.id, point), timing, cache_bytes, max_trials, log)
         t0 = time.perf_counter()
-        found = case.tune(point, device, trial)
+        try:
+            found = case.tune(point, device, trial)
+        except KeyboardInterrupt:
+            path = case.save_tuning(device, out)
+            if path:
+                log(f"    interrupted after {trial.count} trials: the winners found so far are in {path}")
+            raise
         for r in found:
             rows.append({"case": case.id, **point, **r})
         path = case.save_tuning(device, out)

@@ -112,6 +112,30 @@ def test_tune_writes_a_table_that_run_then_uses(tmp_path, monkeypatch, capsys):
     assert source == {"fused": "default", "few_token": "default"}
 
 
+def test_an_interrupted_tune_keeps_the_searches_it_finished(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or the GPU check's step limit) in the middle of a point's second search: the
+    first search's winner is in the table, and the command exits 130."""
+    from microbench import tune as tune_mod
+
+    monkeypatch.setattr(moe_cases, "TUNING_DIR", str(tmp_path))
+    real, calls = tune_mod.Trial.__call__, []
+
+    def interrupting(self, fn, w, expected, label=""):
+        calls.append(label)
+        if label.startswith("few_token/"):
+            raise KeyboardInterrupt
+        return real(self, fn, w, expected, label)
+
+    monkeypatch.setattr(tune_mod.Trial, "__call__", interrupting)
+    rc = cli.main(["tune", "--device", "cpu", "--axis", "weights=bf16", "--max-trials", "2", "--budget-s", "0.02"])
+    assert rc == cli.EXIT_INTERRUPTED
+    assert [c.split()[0] for c in calls] == ["fused/w13+w2", "fused/w13+w2", "few_token/w13"]
+    table = json.loads((tmp_path / "cpu.json").read_text())
+    assert [(e["kernel"], e["gemm"]) for e in table["entries"]] == [("fused", "w13+w2")]
+    err = capsys.readouterr().err
+    assert "winners found so far" in err and "interrupted" in err
+
+
 def test_tune_rejects_bad_input(capsys):
     assert cli.main(["tune", "--device", "cpu", "--case", "norm.rmsnorm"]) == 2
     assert "no tunable case" in capsys.readouterr().err
