@@ -132,7 +132,12 @@ class _AllReduce(Case):
         if path == "cupy":
             return allreduce.cupy_unavailable(kind)
         if path in ("oneshot", "twoshot"):
-            return allreduce.symm_unavailable(kind, path)
+            import torch.distributed as dist
+
+            count, dtype = self._count(point)
+            world = dist.get_world_size() if dist.is_initialized() else None
+            return (allreduce.symm_unavailable(kind, path)
+                    or allreduce.symm_unsupported(path, count * dtype.itemsize, dtype, world))
         return None
 
     def setup(self, point: Point, device: str, seed: int) -> Workload:

@@ -181,6 +181,27 @@ def symm_unavailable(device_kind: str, path: str) -> str | None:
     return None
 
 
+#: What torch's symmetric-memory all-reduce kernels are built for: bf16 and fp32 elements
+#: (fp16 is not dispatched), a message a multiple of 4 bytes (their narrowest vector), and for
+#: the out-of-place two-shot kernel the world sizes 2, 4 and 8 alone (the one-shot and the
+#: in-place two-shot kernels also take any other size, unrolled less).
+SYMM_DTYPES = (torch.bfloat16, torch.float32)
+SYMM_TWO_SHOT_WORLDS = (2, 4, 8)
+
+
+def symm_unsupported(path: str, nbytes: int, dtype: torch.dtype, world: int | None) -> str | None:
+    """Why torch's ``path`` kernel ("oneshot" | "twoshot") refuses this message, or None.
+    ``world`` None (no process group yet, as when planning) skips the world-size rule."""
+    if dtype not in SYMM_DTYPES:
+        return f"torch.ops.symm_mem.{_SYMM_OPS[path]} takes bf16 and fp32 only, not {str(dtype).split('.')[-1]}"
+    if nbytes % 4:
+        return f"torch.ops.symm_mem.{_SYMM_OPS[path]} needs a multiple of 4 bytes ({nbytes} given)"
+    if path == "twoshot" and world is not None and world not in SYMM_TWO_SHOT_WORLDS:
+        return (f"torch.ops.symm_mem.{_SYMM_OPS[path]} is built for world sizes "
+                f"{', '.join(map(str, SYMM_TWO_SHOT_WORLDS))} only (this one: {world})")
+    return None
+
+
 class SymmBuffer:
     """One symmetric buffer per (group, dtype, device), grown to the largest call, mapped by
     every peer (rendezvous is collective: every rank allocates the same size in step)."""

@@ -197,6 +197,21 @@ def test_collective_table_counts_busbw_over_n_ranks():
     assert cells[10:15] == ["50.00", "1.0%", "20.97", "36.70", "0"]
 
 
+def test_symmetric_memory_paths_are_skipped_where_torch_kernels_refuse_the_message():
+    """torch builds its out-of-place two-shot kernel for 2, 4 and 8 ranks only, and both
+    kernels for bf16 / fp32 and 4-byte multiples: those points are SKIPPED with the reason
+    (the one-GPU check runs at world size 1), not FAILED with a CUDA error."""
+    from microbench.kernels.allreduce import symm_unsupported
+
+    assert symm_unsupported("twoshot", 1 << 20, torch.bfloat16, 8) is None
+    assert symm_unsupported("oneshot", 1 << 20, torch.bfloat16, 1) is None
+    assert symm_unsupported("twoshot", 1 << 20, torch.bfloat16, None) is None  # planning: no group yet
+    assert "world sizes 2, 4, 8 only (this one: 1)" in symm_unsupported("twoshot", 8, torch.bfloat16, 1)
+    assert "(this one: 6)" in symm_unsupported("twoshot", 8, torch.float32, 6)
+    assert "multiple of 4 bytes (6 given)" in symm_unsupported("oneshot", 6, torch.bfloat16, 8)
+    assert "bf16 and fp32 only, not float16" in symm_unsupported("oneshot", 8, torch.float16, 8)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
