@@ -3,9 +3,13 @@
 Modes are options, not separate loops:
 
 ``cold`` (CUDA default)
-    Before each sample a buffer of at least 2x the device's L2 is written, then the call
-    is bracketed by CUDA events. The flush kernel also hides the host's enqueue latency of
-    the timed call (it runs for tens of µs on an H200), so the events see GPU time.
+    Before each sample a buffer of at least 2x the device's L2 is written and then read
+    back, then the call is bracketed by CUDA events. The write evicts everything (the last
+    call's dirty outputs are written back during the flush); the read that follows leaves
+    the L2 full of clean lines, so the timed call pays no write-back of the flush's own
+    dirty lines as it misses (up to one L2 of extra DRAM writes after a write-only flush).
+    The flush also hides the host's enqueue latency of the timed call (it runs for tens of
+    µs on an H200), so the events see GPU time.
 ``hot``
     Back-to-back calls with no flush; each sample is a batch of calls between two events
     (or two host clock reads on CPU), sized so a sample lasts at least
@@ -15,8 +19,8 @@ Modes are options, not separate loops:
     one replay / N: the launch-free time. The caller passes rotating input copies that
     together cover >= 4x L2 (see :func:`copies_for_cold_cache`) so the cache is cold here too.
 
-On CPU samples come from ``time.perf_counter_ns``; ``cold`` there writes a buffer of 2x
-the last-level cache before each sample.
+On CPU samples come from ``time.perf_counter_ns``; ``cold`` there writes and reads a
+buffer of 2x the last-level cache before each sample.
 
 The stopping rule is shared by every mode (:func:`stop_reason`): take at least
 ``min_samples`` samples and ``min_time_s`` of measured time, then stop as soon as the
@@ -201,8 +205,19 @@ def _is_cuda(device: str) -> bool:
     return device.startswith("cuda")
 
 
-def copies_for_cold_cache(working_set_bytes: int, cache_bytes: int | None, factor: int = 4, max_copies: int = 256,
-                          max_total_bytes: int = 4 << 30) -> int:
+#: Graph mode's rotating copies cover this many times the cache, with at most this many
+#: copies (a few-byte input cannot be made cold by copies, nor does its cache state matter).
+COLD_FACTOR = 4
+MAX_COPIES = 256
+
+
+def fallback_cache_bytes() -> int:
+    """The cache size assumed where the device's is unknown."""
+    return _FALLBACK_CACHE_BYTES
+
+
+def copies_for_cold_cache(working_set_bytes: int, cache_bytes: int | None, factor: int = COLD_FACTOR,
+                          max_copies: int = MAX_COPIES, max_total_bytes: int = 4 << 30) -> int:
     """Input copies needed so rotating through them touches ``factor`` x the cache."""
     cache = cache_bytes or _FALLBACK_CACHE_BYTES
     if working_set_bytes <= 0:
@@ -223,6 +238,15 @@ def _flush_buffer(device: str, nbytes: int):
         buf = torch.empty(max(1, nbytes // 4), dtype=torch.int32, device=device)
         _flush_buffers[device] = buf
     return buf
+
+
+def _flush_cache(buf, total) -> None:
+    """Write ``buf`` (1-D, 2x the cache), then read it all into the 0-d int64 ``total``:
+    the cache ends up holding clean lines of ``buf`` alone."""
+    import torch
+
+    buf.zero_()
+    torch.sum(buf, dim=0, dtype=torch.int64, out=total)
 
 
 def _same(x: float) -> float:
@@ -301,7 +325,9 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Samp
         n = opts.graph_calls or max(k, 16)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: another thread's CUDA calls during the capture (NCCL's watchdog
+            # polling its events, a sampling thread) neither break it nor are captured
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 for j in range(n):
                     calls[j % k]()
         except Exception as e:  # capture errors are the case's, report them plainly
@@ -322,11 +348,12 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Samp
         if not cache_bytes:
             notes.append("L2 size unknown: flushed 2x128 MiB")
         flush = _flush_buffer(device, nbytes)
+        total = torch.zeros((), dtype=torch.int64, device=device)
 
         def take() -> float:
             fn = calls[state["i"] % k]
             state["i"] += 1
-            flush.zero_()
+            _flush_cache(flush, total)
             start.record()
             fn()
             end.record()
@@ -382,6 +409,7 @@ def _cpu_sampler(calls, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
     def take() -> float:
         if flush is not None:
             flush.fill(state["i"])
+            flush.sum()
         i = state["i"]
         t = time.perf_counter_ns()
         for j in range(batch):

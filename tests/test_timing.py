@@ -158,6 +158,18 @@ def test_cpu_cold_mode_flushes_and_times_one_call_per_sample():
     assert m.batch == 1 and m.flush_bytes == 2 << 20
 
 
+def test_the_cuda_flush_writes_then_reads_the_whole_buffer():
+    """The cold flush's two passes (the same torch calls run on the GPU): every element is
+    written and then summed, into the preallocated scalar."""
+    from microbench.timing import _flush_buffer, _flush_cache
+
+    buf = _flush_buffer("cpu", 1 << 12)
+    buf.fill_(7)
+    total = torch.full((), -1, dtype=torch.int64)
+    _flush_cache(buf, total)
+    assert buf.numel() * 4 >= 1 << 12 and int(buf.abs().sum()) == 0 and int(total) == 0
+
+
 @pytest.mark.serial
 def test_interleaved_cpu_measurements_have_equal_counts():
     x = torch.randn(32, 32)
