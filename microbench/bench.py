@@ -57,11 +57,13 @@ def bench_case(benchmark: Any, case: Case, point: Point, variant: str, *, device
                             "bytes": w.cost.bytes, "flops": w.cost.flops, "seed": s, "gate": gate.summary()}
     if getattr(benchmark, "disabled", False):
         return info
-    call = functools.partial(v.fn, **w.kwargs())
     if device.startswith("cuda"):
         opts = options or TimingOptions(mode=case.point_timing_mode(point))
-        m = measure(call, device=device, options=opts, cache_bytes=cache_bytes)
+        calls, note = w.timed_calls(v.fn, opts.resolved_mode(device), cache_bytes)  # as `microbench run` times it
+        m = measure(calls, device=device, options=opts, cache_bytes=cache_bytes)
         samples = m.samples_s
+        if note or m.notes:
+            info["timing_notes"] = [*m.notes, *([note] if note else [])]
         t = m.summary.median
         floor, src = _profile_floor(device, w.cost.bytes, w.cost.flops)
         info.update(timer=m.timer, mode=m.mode, median_s=t, rel_noise=m.summary.rel_noise,
@@ -70,6 +72,7 @@ def bench_case(benchmark: Any, case: Case, point: Point, variant: str, *, device
                     tflops=w.cost.flops / t / 1e12 if w.cost.flops else None,
                     pct_of_floor=100 * floor / t if floor else None, floor_source=src)
     else:
+        call = functools.partial(v.fn, **w.kwargs())
         t0 = time.perf_counter()
         call()
         samples = [time.perf_counter() - t0]

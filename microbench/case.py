@@ -12,6 +12,8 @@ outputs (a tensor, or a tuple in the order of ``workload.outputs``) instead.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import zlib
 from dataclasses import dataclass, field
@@ -57,14 +59,69 @@ class Workload:
     def working_set_bytes(self) -> int:
         return sum(_nbytes(v) for v in itertools.chain(self.inputs.values(), self.outputs.values()))
 
+    def timed_calls(self, fn: Callable[..., Any], mode: str,
+                    cache_bytes: int | None) -> tuple[list[Callable[[], Any]], str | None]:
+        """The calls the timer rotates through, and a note when they cannot keep the cache cold.
+
+        One call, except in graph mode (no flush between replayed calls): then rotating
+        copies of the inputs, enough to cover ``COLD_FACTOR`` x the cache within the copy
+        budget. Where that budget binds (a working set of gigabytes) or a call touches far
+        fewer bytes than it is handed (a few experts of a whole layer's weights), each
+        call's data may stay L2-resident between replays; the note says by how much the
+        copies fall short, and the table shows it beside the time. Inputs of a few bytes
+        (a launch, an 8-byte allreduce) get the most copies and no note: no copies make
+        them cold, nor does their cache state weigh.
+        """
+        from microbench.timing import COLD_FACTOR, MAX_COPIES, copies_for_cold_cache, fallback_cache_bytes
+
+        copies, note = [self], None
+        if mode == "graph":
+            ws = self.working_set_bytes
+            n = copies_for_cold_cache(ws, cache_bytes)
+            copies += [self.clone() for _ in range(n - 1)]
+            touched = min(ws, self.cost.bytes) if self.cost.bytes else ws
+            want = COLD_FACTOR * (cache_bytes or fallback_cache_bytes())
+            if touched and n * touched < want and n < MAX_COPIES:
+                note = (f"graph mode: {n} input cop{'y' if n == 1 else 'ies'} x {touched / 2**20:.1f} MiB a call "
+                        f"touches cover {n * touched / 2**20:.0f} MiB of the {want / 2**20:.0f} MiB "
+                        f"({COLD_FACTOR}x L2) a cold cache needs: replayed calls may find their data in L2")
+        return [functools.partial(fn, **c.kwargs()) for c in copies], note
+
+
+def _is_tensor(v: Any) -> bool:
+    return callable(getattr(v, "numel", None)) and hasattr(v, "element_size") and hasattr(v, "clone")
+
 
 def _nbytes(v: Any) -> int:
-    numel = getattr(v, "numel", None)
-    return int(numel() * v.element_size()) if callable(numel) and hasattr(v, "element_size") else 0
+    """Bytes of every tensor in ``v``: a tensor, or a list, tuple, dict or dataclass of them
+    (an expert-weight set, a list of per-layer caches), recursively."""
+    if _is_tensor(v):
+        return int(v.numel() * v.element_size())
+    if isinstance(v, (list, tuple)):
+        return sum(_nbytes(x) for x in v)
+    if isinstance(v, Mapping):
+        return sum(_nbytes(x) for x in v.values())
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return sum(_nbytes(getattr(v, f.name)) for f in dataclasses.fields(v))
+    return 0
+
+
+def _clone(v: Any) -> Any:
+    """``v`` with its own copy of every tensor in it (the containers of :func:`_nbytes`);
+    anything else (a process group, a config, a number) is shared."""
+    if _is_tensor(v):
+        return v.clone()
+    if isinstance(v, (list, tuple)) and _nbytes(v):
+        return type(v)(_clone(x) for x in v) if not hasattr(v, "_fields") else type(v)(*(_clone(x) for x in v))
+    if isinstance(v, Mapping) and _nbytes(v):
+        return {k: _clone(x) for k, x in v.items()}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type) and _nbytes(v):
+        return dataclasses.replace(v, **{f.name: _clone(getattr(v, f.name)) for f in dataclasses.fields(v) if f.init})
+    return v
 
 
 def _clone_all(d: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in d.items()}
+    return {k: _clone(v) for k, v in d.items()}
 
 
 @dataclass(frozen=True)

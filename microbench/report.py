@@ -64,11 +64,13 @@ def _row(r: dict[str, Any], axes: list[str], derived: list[str], notes: list[str
     t = (r.get("timing") or {}).get("summary") or {}
     timing = r.get("timing") or {}
     status = r["status"]
-    if r["status"] != "OK":  # the reason goes under the table, numbered, once per distinct reason
-        reason = _short(r.get("reason"), 160)
-        if reason not in notes:
-            notes.append(reason)
-        status = f"{r['status']} [{notes.index(reason) + 1}]"
+    # a reason (not OK) or a timing note (OK, e.g. a cache graph mode could not keep cold)
+    # goes under the table, numbered, once per distinct text
+    for text in [r.get("reason")] if r["status"] != "OK" else timing.get("notes") or []:
+        text = _short(text, 160)
+        if text not in notes:
+            notes.append(text)
+        status += f" [{notes.index(text) + 1}]"
     return [*(r["axes"].get(a, "") for a in axes), r["variant"], status, fmt_time(t.get("median")),
             _num(100 * t["rel_noise"], ".2f") + "%" if t else "-",
             f"{t['count']} {timing.get('stop_reason', '')}" if t else "-",

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from microbench import probe, stats, verdicts
-from microbench.case import Case, Point, Variant, Workload, expand, narrow, point_label, point_seed
+from microbench.case import Case, Point, Variant, expand, narrow, point_label, point_seed
 from microbench.env import ClockSampler
 from microbench.gate import check_variant
 from microbench.results import ResultWriter
-from microbench.timing import Measurement, TimingOptions, copies_for_cold_cache, measure, measure_interleaved
+from microbench.timing import Measurement, TimingOptions, measure, measure_interleaved
 
 
 @dataclass
@@ -165,13 +165,6 @@ class Runner:
 
     # ------------------------------------------------------------------ one point
 
-    def _calls(self, fn: Callable[..., Any], w: Workload, mode: str) -> list[Callable[[], Any]]:
-        copies = [w]
-        if mode == "graph":
-            n = copies_for_cold_cache(w.working_set_bytes, self.opts.cache_bytes)
-            copies += [w.clone() for _ in range(n - 1)]
-        return [functools.partial(fn, **c.kwargs()) for c in copies]
-
     def run_point(self, case: Case, point: Point) -> list[dict[str, Any]]:
         o = self.opts
         dev = o.device
@@ -182,6 +175,7 @@ class Runner:
         world = o.world if case.distributed else None
         recs: dict[str, dict[str, Any]] = {}
         ready: list[tuple[Variant, list[Callable[[], Any]]]] = []
+        notes: dict[str, str | None] = {}
         variants = [v for v in case.variants() if not o.variants or v.name in o.variants]
         for v in variants:
             why = _agreed_reason(world, f"{case.id} {v.name} skip", variant_skip(case, v, point, dev))
@@ -216,7 +210,8 @@ class Runner:
 
                 base["profile"] = profile_call(functools.partial(v.fn, **w.kwargs()))
             recs[v.name] = _record(case, point, v.name, dev, "OK", **base)
-            ready.append((v, self._calls(v.fn, w, mode)))
+            calls, notes[v.name] = w.timed_calls(v.fn, mode, o.cache_bytes)
+            ready.append((v, calls))
         clocks = None
         if ready:
             before = probe.measure_probe(dev, o.cache_bytes) if o.probe else None
@@ -227,6 +222,8 @@ class Runner:
             for v, m in measured.items():
                 r = recs[v]
                 r["timing"], r["clocks"], r["probe"] = m.to_dict(), clocks, env_probe
+                if notes.get(v):
+                    r["timing"]["notes"].append(notes[v])
                 r["timing"]["interleaved"] = o.interleave and len(measured) > 1
                 self._floor(r)
             self._vs_baseline(case, recs)

@@ -102,3 +102,45 @@ def test_passes_pool_samples_and_keep_their_boundaries():
         assert len(t["passes"]) == 3 and sum(t["passes"]) == len(t["samples_s"]) == t["summary"]["count"]
         assert len(t["stop_reasons"]) == 3
     assert _by(recs, "other")[0]["vs_baseline"] is not None
+
+
+def test_graph_copies_clone_every_tensor_a_variant_is_handed_and_say_when_they_fall_short():
+    """Graph mode replays calls with no flush between them, so it rotates input copies:
+    the tensors inside a weights dataclass or a list are counted and copied too (not only
+    top-level tensors), shared objects stay shared, and where the copies cannot cover 4x
+    the cache the record's timing says so and its table shows it."""
+    from dataclasses import dataclass
+
+    import torch
+
+    from microbench.case import Cost, Workload
+    from microbench.report import render
+
+    @dataclass(frozen=True)
+    class Weights:
+        w: torch.Tensor
+        scales: torch.Tensor | None
+        kind: str
+
+    group = object()
+    w = Workload({"x": torch.zeros(64), "weights": Weights(torch.ones(256), None, "int4"),
+                  "pages": [torch.zeros(32), torch.zeros(32)], "group": group}, {"out": torch.empty(64)}, Cost(1792))
+    assert w.working_set_bytes == (64 + 256 + 32 + 32 + 64) * 4
+    calls, note = w.timed_calls(lambda **kw: None, "graph", cache_bytes=4096)
+    assert len(calls) == 10 and note is None  # ceil(4 x 4096 / 1792)
+    a, b = calls[0].keywords, calls[1].keywords
+    assert b["weights"].w.data_ptr() != a["weights"].w.data_ptr() and b["weights"].kind == "int4"
+    assert b["pages"][1].data_ptr() != a["pages"][1].data_ptr() and b["group"] is group
+    eager, note = w.timed_calls(lambda **kw: None, "cold", cache_bytes=4096)
+    assert len(eager) == 1 and eager[0].keywords["weights"] is w.inputs["weights"] and note is None  # flushed instead
+    # a call touching 1 MiB of the 4 MiB it is handed (a few experts of a layer's weights)
+    big = Workload({"weights": Weights(torch.ones(1 << 20), None, "int4")}, {}, Cost(1 << 20))
+    calls, note = big.timed_calls(lambda **kw: None, "graph", cache_bytes=4 << 20)
+    assert len(calls) == 4 and "4 input copies x 1.0 MiB a call touches cover 4 MiB of the 16 MiB" in note
+    # a few bytes: the most copies, no note (no copies make it cold, nor does it matter)
+    assert Workload({"x": torch.zeros(2)}, {}, Cost(0)).timed_calls(lambda **kw: None, "graph", 4 << 20)[1] is None
+    rec = {"case": "x.y", "axes": {"n": 1}, "variant": "v", "status": "OK",
+           "timing": {"summary": {"median": 1e-6, "rel_noise": 0.01, "count": 9}, "stop_reason": "noise",
+                      "notes": [note]}}
+    text = render({"run": {"device": "cuda", "suite": "smoke"}, "fingerprint": {}, "records": [rec]})
+    assert "OK [1]" in text and "[1] graph mode: 4 input copies" in text
