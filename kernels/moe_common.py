@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -87,6 +87,34 @@ def _weight_tile(w_ptr, s_ptr, offs_k, offs_n, mask, stride_k, stride_n, stride_
         return (q - 8).to(tl.float32) * sc.to(tl.float32)
     else:
         return tl.load(w_ptr + offs_k[:, None] * stride_k + offs_n[None, :] * stride_n, mask=mask, other=0.0)
+
+
+@triton.jit
+def _int4_tile_once(w_ptr, s_ptr, k0, k_hi, offs_n, n_ok, stride_k, stride_n, stride_sk, stride_sn,
+                    GROUP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The INT4 tile of inputs ``[k0, k0 + BLOCK_K)`` (``k0`` a multiple of 8 and of the
+    group when ``BLOCK_K >= GROUP``; inputs from ``k_hi`` on read as zero weights), with
+    each word and each scale loaded once: ``BLOCK_K / 8`` rows of words are shifted into
+    a ``[BLOCK_K / 8, 8, BLOCK_N]`` block and reshaped (row ``k = 8 * word + nibble``),
+    the ``BLOCK_K / GROUP`` scale rows broadcast over their groups. A tuning option of
+    the few-token kernel (``GemmConfig.unpack = 1``): :func:`_weight_tile` issues eight
+    loads per word (one per input row, served from L1), this one none redundant, at the
+    cost of the reshape's register shuffles; which is faster is the GPU's to say.
+    """
+    offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    words = tl.load(w_ptr + offs_w[:, None] * stride_k + offs_n[None, :] * stride_n,
+                    mask=(offs_w * 8 < k_hi)[:, None] & n_ok[None, :], other=0)
+    q = (words[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
+    q = tl.reshape(q, (BLOCK_K, BLOCK_N))
+    if BLOCK_K >= GROUP:
+        offs_g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        sc = tl.load(s_ptr + offs_g[:, None] * stride_sk + offs_n[None, :] * stride_sn,
+                     mask=(offs_g * GROUP < k_hi)[:, None] & n_ok[None, :], other=0.0)
+        sc = tl.reshape(tl.broadcast_to(sc[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)), (BLOCK_K, BLOCK_N))
+    else:  # the whole tile inside one group
+        sc = tl.load(s_ptr + (k0 // GROUP) * stride_sk + offs_n * stride_sn, mask=n_ok, other=0.0)[None, :]
+    k_ok = (k0 + tl.arange(0, BLOCK_K)) < k_hi
+    return tl.where(k_ok[:, None], (q - 8).to(tl.float32) * sc.to(tl.float32), 0.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -242,7 +270,10 @@ class GemmConfig:
     ``block_m``: rows per block — for the fused (baseline) kernel the alignment's block
     size, for the few-token kernel unused (a tile holds all of an expert's tokens).
     ``group_m``: the baseline's row-block swizzle.  ``split_k``: the few-token kernel's
-    K-split (partial sums merged by the next step).
+    K-split (partial sums merged by the next step).  ``unpack``: how the few-token kernel
+    reads INT4 words — 0, one load per input row (eight per word, as servers' kernels
+    do), or 1, each word once, unpacked by a reshape (``_int4_tile_once``); bf16 and the
+    baseline ignore it.
     """
 
     block_n: int
@@ -252,6 +283,7 @@ class GemmConfig:
     block_m: int = 16
     group_m: int = 1
     split_k: int = 1
+    unpack: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -263,6 +295,8 @@ class GemmConfig:
                 raise ValueError(f"{name}: must be a power of two, got {getattr(self, name)}")
         if self.block_k < 16 or self.block_m < 1 or self.block_n < 16:
             raise ValueError(f"block_k and block_n must be >= 16 (tl.dot), got {self.block_k}, {self.block_n}")
+        if self.unpack not in (0, 1):
+            raise ValueError(f"unpack: 0 (a load per input row) or 1 (each word once), got {self.unpack}")
         if self.num_stages < 1 or self.group_m < 1 or self.split_k < 1:
             raise ValueError(f"num_stages, group_m, split_k must be >= 1, got "
                              f"{self.num_stages}, {self.group_m}, {self.split_k}")
@@ -280,10 +314,15 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     64 for INT4 (its dequantisation holds more registers), 4 warps, 3 stages.
     ``few_token``: 64-wide N tiles (narrower when N is), the same K steps, and a K split
     of 4 for the w13 GEMM when K >= 2048 (K = H is long and N = 2I short, so one expert
-    alone gives too few programs) and 1 for w2 (K = I is short, N = H wide); 3 stages, or
-    2 on a GPU whose block may take less than 128 KiB of shared memory (``small_shared``:
-    sm_86/89/120), where the INT4 w13 tile's 3 stages need 108-120 KiB and cannot launch
-    (2 stages: 58-64 KiB, built for sm_120 by ``microbench compile``).
+    alone gives too few programs) and 1 for w2 (K = I is short, N = H wide). INT4 words
+    read once (``unpack=1``), 3 stages: by ptxas for sm_90 at Kimi-K2.5 TP8 the w13 tile
+    then holds 105 registers and 20 KiB of shared memory at 4 blocks/SM, against 254
+    registers and 108 KiB at 2 blocks/SM with eight loads per word, whose pipeline buffers
+    every word eight times (at 64 token rows: 214 registers, no spill, against 255 and a
+    44-byte spill); it fits sm_120's blocks at 3 stages too (20-32 KiB). bf16: 3 stages,
+    or 2 on a GPU whose block may take less than 128 KiB of shared memory
+    (``small_shared``: sm_86/89/120), where the w13 tile at 64 rows needs 144 KiB.
+    Which reading is faster is the GPU's to say: ``microbench tune`` tries both.
     """
     if kernel not in KERNELS or gemm not in KERNELS[kernel]:
         raise ValueError(f"kernel/gemm: unknown pair {kernel!r}/{gemm!r} (known: {KERNELS})")
@@ -291,8 +330,9 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     if kernel == "fused":
         return GemmConfig(block_n=64, block_k=bk, block_m=16, num_warps=4, num_stages=3)
     split = 4 if gemm == "w13" and k >= 2048 else 1
+    unpack = 1 if weights == "int4" else 0
     return GemmConfig(block_n=64 if n >= 64 else max(16, triton.next_power_of_2(n)), block_k=bk, split_k=split,
-                      num_warps=4, num_stages=2 if small_shared else 3)
+                      num_warps=4, num_stages=2 if small_shared and not unpack else 3, unpack=unpack)
 
 
 def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int) -> list[GemmConfig]:
@@ -301,18 +341,22 @@ def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: i
 
     ``fused``: block_m 16/32/64 (the alignment block) x block_n 32/64/128 x block_k
     64/128 x group_m 1/8 x stages 3/4 — 72 configurations.  ``few_token``: block_n
-    32/64/128 x block_k 64/128 x split_k 1/2/4/8 (w13; w2: 1/2) x stages 3/4 — 48 / 24.
+    32/64/128 x block_k 64/128 x split_k 1/2/4/8 (w13; w2: 1/2) x stages 3/4 — 48 / 24,
+    and for INT4 each of them with ``unpack`` 1 and 0 (the default with 0 second).
     Warps stay 4: at these row counts a tile is at most 64 x 128.
     """
     first = default_config(kernel, gemm, weights, n, k, tokens)
     out = [first]
+    unpacks = (1, 0) if kernel == "few_token" and weights == "int4" else (0,)
+    if len(unpacks) > 1:
+        out.append(replace(first, unpack=0))
     if kernel == "fused":
         grid = [dict(block_m=m, block_n=bn, block_k=bk, group_m=g, num_stages=st)
                 for m in (16, 32, 64) for bn in (64, 32, 128) for bk in (128, 64) for g in (1, 8) for st in (3, 4)]
     else:
         splits = (4, 2, 8, 1) if gemm == "w13" else (1, 2)
-        grid = [dict(block_n=bn, block_k=bk, split_k=sk, num_stages=st)
-                for sk in splits for bn in (64, 32, 128) for bk in (128, 64) for st in (3, 4)]
+        grid = [dict(block_n=bn, block_k=bk, split_k=sk, num_stages=st, unpack=u)
+                for sk in splits for bn in (64, 32, 128) for bk in (128, 64) for st in (3, 4) for u in unpacks]
     for g in grid:
         c = GemmConfig(num_warps=4, **g)
         if c not in out:

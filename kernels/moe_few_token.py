@@ -37,7 +37,8 @@ import triton.language as tl
 from torch import Tensor
 
 from microbench.kernels.checks import require_runnable, small_shared
-from microbench.kernels.moe_common import ExpertWeights, GemmConfig, _weight_tile, check_moe_args, default_config
+from microbench.kernels.moe_common import (ExpertWeights, GemmConfig, _int4_tile_once, _weight_tile, check_moe_args,
+                                           default_config)
 from microbench.kernels.moe_routing import expert_segments
 
 __all__ = ["MAX_TILE_ROWS", "few_token_moe"]
@@ -64,7 +65,8 @@ def _few_w13_kernel(x_ptr, w_ptr, s_ptr, part_ptr, acc_ptr, sorted_ptr, seg_e_pt
                     nseg_ptr, I, K, num_pairs, acc_numel, k_per_split,
                     stride_we, stride_wk, stride_wn, stride_se, stride_sk, stride_sn,
                     TOP_K: tl.constexpr, INT4: tl.constexpr, GROUP: tl.constexpr, M_TILE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ZERO_BLOCK: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ZERO_BLOCK: tl.constexpr,
+                    UNPACK: tl.constexpr = 0):
     """Gate and up partial sums of one (segment, N tile, K split) into ``part``."""
     seg = tl.program_id(0)
     pn = tl.program_id(1)
@@ -100,11 +102,17 @@ def _few_w13_kernel(x_ptr, w_ptr, s_ptr, part_ptr, acc_ptr, sorted_ptr, seg_e_pt
             k = k0 + offs_k
             k_ok = k < k_hi
             a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wmask = k_ok[:, None] & n_ok[None, :]
-            wg = _weight_tile(w_base, s_base, k, offs_n, wmask, stride_wk, stride_wn, stride_sk, stride_sn,
-                              INT4, GROUP)
-            wu = _weight_tile(w_base, s_base, k, offs_n + I, wmask, stride_wk, stride_wn, stride_sk, stride_sn,
-                              INT4, GROUP)
+            if INT4 and UNPACK:
+                wg = _int4_tile_once(w_base, s_base, k0, k_hi, offs_n, n_ok, stride_wk, stride_wn, stride_sk,
+                                     stride_sn, GROUP, BLOCK_K, BLOCK_N)
+                wu = _int4_tile_once(w_base, s_base, k0, k_hi, offs_n + I, n_ok, stride_wk, stride_wn, stride_sk,
+                                     stride_sn, GROUP, BLOCK_K, BLOCK_N)
+            else:
+                wmask = k_ok[:, None] & n_ok[None, :]
+                wg = _weight_tile(w_base, s_base, k, offs_n, wmask, stride_wk, stride_wn, stride_sk, stride_sn,
+                                  INT4, GROUP)
+                wu = _weight_tile(w_base, s_base, k, offs_n + I, wmask, stride_wk, stride_wn, stride_sk, stride_sn,
+                                  INT4, GROUP)
             acc_g += tl.dot(a, wg.to(a.dtype))
             acc_u += tl.dot(a, wu.to(a.dtype))
         out = part_ptr + ps.to(tl.int64) * num_pairs * 2 * I + (start + rows).to(tl.int64)[:, None] * 2 * I
@@ -118,7 +126,7 @@ def _few_w2_kernel(x_ptr, w_ptr, s_ptr, part_ptr, acc_ptr, topk_w_ptr, sorted_pt
                    seg_cnt_ptr, nseg_ptr, H, I, split_stride, k_per_split,
                    stride_we, stride_wk, stride_wn, stride_se, stride_sk, stride_sn,
                    TOP_K: tl.constexpr, SPLIT_IN: tl.constexpr, INT4: tl.constexpr, GROUP: tl.constexpr,
-                   M_TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   M_TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr = 0):
     """``acc[token] += w * (w2[e] @ (silu(g) * u))`` for one (segment, N tile, K split)."""
     seg = tl.program_id(0)
     if seg >= tl.load(nseg_ptr):
@@ -151,8 +159,12 @@ def _few_w2_kernel(x_ptr, w_ptr, s_ptr, part_ptr, acc_ptr, topk_w_ptr, sorted_pt
                 g += tl.load(part_rows + j * split_stride + k[None, :], mask=amask, other=0.0)
                 u += tl.load(part_rows + j * split_stride + I + k[None, :], mask=amask, other=0.0)
             act = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
-            w = _weight_tile(w_base, s_base, k, offs_n, k_ok[:, None] & n_ok[None, :], stride_wk, stride_wn,
-                             stride_sk, stride_sn, INT4, GROUP)
+            if INT4 and UNPACK:
+                w = _int4_tile_once(w_base, s_base, k0, k_hi, offs_n, n_ok, stride_wk, stride_wn, stride_sk,
+                                    stride_sn, GROUP, BLOCK_K, BLOCK_N)
+            else:
+                w = _weight_tile(w_base, s_base, k, offs_n, k_ok[:, None] & n_ok[None, :], stride_wk, stride_wn,
+                                 stride_sk, stride_sn, INT4, GROUP)
             acc += tl.dot(act, w.to(act.dtype))
         acc *= tl.load(topk_w_ptr + pairs, mask=row_ok, other=0.0)[:, None]
         tokens = (pairs // TOP_K).to(tl.int64)
@@ -201,6 +213,10 @@ def few_token_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, 
     small = small_shared(hidden.device)
     c13 = config_w13 or default_config("few_token", "w13", weights.kind, 2 * inter, h, t, small)
     c2 = config_w2 or default_config("few_token", "w2", weights.kind, h, inter, t, small)
+    group = max(weights.group_size, 1)
+    for name, c in (("config_w13", c13), ("config_w2", c2)):
+        if weights.int4 and c.unpack and (group & (group - 1) or group < 8):
+            raise ValueError(f"{name}: unpack=1 needs a power-of-two INT4 group of at least 8, got {group}")
     out = torch.empty_like(hidden) if out is None else out
     if t == 0:
         return out
@@ -213,18 +229,17 @@ def few_token_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, 
     dev = hidden.device
     part = torch.empty(split13, pairs, 2 * inter, dtype=torch.float32, device=dev)
     acc = torch.empty(t, h, dtype=torch.float32, device=dev)  # zeroed by the w13 kernel
-    group = max(weights.group_size, 1)
     w, s, st = weights.gemm("w13")
     _few_w13_kernel[(segs, triton.cdiv(inter, c13.block_n), split13)](
         hidden, w, s, part, acc, sorted_ids, seg_e, seg_start, seg_cnt, nseg, inter, h, pairs, t * h, per13, *st,
         TOP_K=top_k, INT4=weights.int4, GROUP=group, M_TILE=m_tile, BLOCK_N=c13.block_n, BLOCK_K=c13.block_k,
-        ZERO_BLOCK=_ZERO_BLOCK, num_warps=c13.num_warps, num_stages=c13.num_stages,
+        ZERO_BLOCK=_ZERO_BLOCK, UNPACK=c13.unpack, num_warps=c13.num_warps, num_stages=c13.num_stages,
     )
     w, s, st = weights.gemm("w2")
     _few_w2_kernel[(segs, triton.cdiv(h, c2.block_n), split2)](
         hidden, w, s, part, acc, topk_weights, sorted_ids, seg_e, seg_start, seg_cnt, nseg, h, inter, part.stride(0), per2,
         *st, TOP_K=top_k, SPLIT_IN=split13, INT4=weights.int4, GROUP=group, M_TILE=m_tile, BLOCK_N=c2.block_n,
-        BLOCK_K=c2.block_k, num_warps=c2.num_warps, num_stages=c2.num_stages,
+        BLOCK_K=c2.block_k, UNPACK=c2.unpack, num_warps=c2.num_warps, num_stages=c2.num_stages,
     )
     out.copy_(acc)
     return out

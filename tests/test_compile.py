@@ -168,12 +168,15 @@ def test_launchers_read_the_targets_shared_memory(monkeypatch):
     assert checks.small_shared("cpu")
     monkeypatch.setattr(checks, "COMPILE_SHARED_PER_BLOCK", H200.shared_per_block)
     assert not checks.small_shared("cpu")
-    # the few-token kernel's INT4 w13 tile needs 3 stages' worth (108-120 KiB) only where it fits
-    big = default_config("few_token", "w13", "int4", 512, 7168, 4)
-    small = default_config("few_token", "w13", "int4", 512, 7168, 4, small_shared=True)
+    # the few-token kernel's bf16 w13 tile takes 3 stages only where they fit (144 KiB at 64
+    # rows); INT4 read a word at a time needs a fifth of that and keeps 3 everywhere
+    big = default_config("few_token", "w13", "bf16", 512, 7168, 4)
+    small = default_config("few_token", "w13", "bf16", 512, 7168, 4, small_shared=True)
     assert (big.num_stages, small.num_stages) == (3, 2) and small.block_n == big.block_n
     table = TuningTable("x", [], None)
-    assert table.lookup("few_token", "w13", "int4", 512, 7168, 4, True) == (small, "default")
+    assert table.lookup("few_token", "w13", "bf16", 512, 7168, 4, True) == (small, "default")
+    int4 = default_config("few_token", "w13", "int4", 512, 7168, 4, small_shared=True)
+    assert (int4.num_stages, int4.unpack) == (3, 1)
     assert default_config("fused", "w13+w2", "int4", 512, 7168, 4, small_shared=True).num_stages == 3
 
 

@@ -21,6 +21,8 @@ shapes run on a CUDA device only.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from functools import lru_cache
 
@@ -148,6 +150,42 @@ def test_kernel_matches_reference(T, E, k, pattern, H, I, kernel, cfg, kind, tol
     want = _reference(x, ck, tw, ids)
     got = _launch(kernel, cfg, x, W, tw, ids)
     _assert_matches_ref(got, want, x, tol)
+
+
+UNPACK_CONFIGS = [  # the few-token kernel reading each INT4 word once (GemmConfig.unpack)
+    # K steps of 16: inside one group of 32 (I = 32) or one tile per group of 16 (I = 48)
+    pytest.param((GemmConfig(block_n=16, block_k=16, split_k=3, unpack=1),
+                  GemmConfig(block_n=16, block_k=16, split_k=2, unpack=1)), id="bk16-unpack"),
+    # K steps of 32 and 64: one and two groups per tile; w2's 64-step tile past K (I = 32)
+    pytest.param((GemmConfig(block_n=32, block_k=32, split_k=1, unpack=1),
+                  GemmConfig(block_n=32, block_k=64, split_k=1, unpack=1)), id="bk32-64-unpack"),
+]
+
+
+@pytest.mark.parametrize("cfg", UNPACK_CONFIGS)
+@pytest.mark.parametrize(("T", "E", "k", "pattern", "H", "I"), CASES)
+def test_few_token_int4_unpacked_once_matches_reference(T, E, k, pattern, H, I, cfg):
+    ck, W = _checkpoint("int4", E, H, I, seed=T + 100 * E + 1, group_size=_group_for(I))
+    x = _hidden(T, H, seed=T + 1)
+    tw, ids = routing(pattern, T, E, k, seed=7 * T + E + 1)
+    _assert_matches_ref(_launch("few_token", cfg, x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
+
+
+def test_unpack_once_is_searched_for_int4_and_refused_for_odd_groups():
+    from microbench.kernels.moe_common import search_space
+
+    space = search_space("few_token", "w13", "int4", 512, 7168, 4)
+    assert space[0].unpack == 1 and space[1] == dataclasses.replace(space[0], unpack=0)
+    assert sum(c.unpack for c in space) == len(space) // 2
+    assert not any(c.unpack for c in search_space("few_token", "w13", "bf16", 512, 7168, 4))
+    assert not any(c.unpack for c in search_space("fused", "w13+w2", "int4", 512, 7168, 4))
+    with pytest.raises(ValueError, match="unpack"):
+        GemmConfig(block_n=16, block_k=16, unpack=2)
+    ck, W = _checkpoint("int4", 4, 48, 48, seed=3, group_size=24)
+    tw, ids = routing("distinct", 1, 4, 2, seed=3)
+    cfg = GemmConfig(block_n=16, block_k=16, unpack=1)
+    with pytest.raises(ValueError, match="config_w13: unpack=1 needs a power-of-two INT4 group"):
+        few_token_moe(_hidden(1, 48, 3), W, tw, ids, config_w13=cfg, config_w2=cfg)
 
 
 @pytest.mark.parametrize(("kind", "tol"), KINDS)
