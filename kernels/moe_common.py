@@ -15,8 +15,10 @@ step:
 **Tile configurations** (:class:`GemmConfig`) are looked up in one typed table per
 device (:class:`TuningTable`, written by ``microbench tune``), keyed by
 ``(kernel, gemm, weights, N, K, T)``.  Fallback, in order: the entry for the same key at
-the nearest token count (by ratio; ties to the larger T); else :func:`default_config`,
-a fixed rule documented there.  The table never fails a run: a missing file is an empty
+the nearest token count (by ratio; ties to the larger T) — for the few-token kernel only
+among those with the same tile rows (:func:`tile_rows`: 16, 32 or 64, set by T, so a
+configuration tuned for 16 rows is not borrowed by a 64-row tile whose registers and
+shared memory it never sized); else :func:`default_config`, a fixed rule documented there.  The table never fails a run: a missing file is an empty
 table.
 
 Layout: constants → the ``@triton.jit`` helper → weights → checks → configurations.
@@ -49,6 +51,7 @@ __all__ = [
     "default_config",
     "prepare_weights",
     "search_space",
+    "tile_rows",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -60,6 +63,9 @@ __all__ = [
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Kernel families with tuning entries, and the GEMM keys each one tunes.
 KERNELS = {"fused": ("w13+w2",), "few_token": ("w13", "w2")}
+#: The few-token kernel's tile rows: all of an expert's tokens up to T = 64 (its range);
+#: tl.dot needs at least 16.
+MIN_TILE_ROWS, MAX_TILE_ROWS = 16, 64
 TUNING_SCHEMA = "microbench.moe_tuning"
 TUNING_VERSION = 1
 
@@ -305,6 +311,15 @@ class GemmConfig:
         return asdict(self)
 
 
+def tile_rows(kernel: str, tokens: int) -> int | None:
+    """Rows of the few-token kernel's tile at ``tokens`` (the next power of two, 16..64:
+    an expert can receive every token); None for the fused kernel, whose rows are its
+    configuration's ``block_m``."""
+    if kernel != "few_token":
+        return None
+    return min(max(triton.next_power_of_2(max(tokens, 1)), MIN_TILE_ROWS), MAX_TILE_ROWS)
+
+
 def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int,
                    small_shared: bool = False) -> GemmConfig:
     """The fallback when the tuning table has no entry for the key (a fixed rule).
@@ -323,10 +338,14 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     or 2 on a GPU whose block may take less than 128 KiB of shared memory
     (``small_shared``: sm_86/89/120), where the w13 tile at 64 rows needs 144 KiB.
     Which reading is faster is the GPU's to say: ``microbench tune`` tries both.
+    bf16 tiles of 32 and 64 rows (T > 16) take K steps of 64: by ptxas for sm_90 at Kimi-K2.5
+    TP8, steps of 128 spill there (w13 at 32 rows 255 registers + 20 B, w2 at 64 rows 255 +
+    40 B; w13 at 64 rows fits one block per SM, 144 KiB), steps of 64 do not (180 / 248
+    registers, w13 at 64 rows 206 registers, 72 KiB, 2 blocks per SM).
     """
     if kernel not in KERNELS or gemm not in KERNELS[kernel]:
         raise ValueError(f"kernel/gemm: unknown pair {kernel!r}/{gemm!r} (known: {KERNELS})")
-    bk = 64 if weights == "int4" else 128
+    bk = 64 if weights == "int4" or (tile_rows(kernel, tokens) or 0) > MIN_TILE_ROWS else 128
     if kernel == "fused":
         return GemmConfig(block_n=64, block_k=bk, block_m=16, num_warps=4, num_stages=3)
     split = 4 if gemm == "w13" and k >= 2048 else 1
@@ -416,9 +435,12 @@ class TuningTable:
     def lookup(self, kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int,
                small_shared: bool = False) -> tuple[GemmConfig, str]:
         """``(config, source)``: the exact entry, else the nearest token count of the same
-        key, else :func:`default_config` (for a GPU with little shared memory per block when
-        ``small_shared``); ``source`` says which ("tuned", "tuned at T=8", "default")."""
-        same = [e for e in self.entries if e.key() == (kernel, gemm, weights, n, k)]
+        key (few-token: with the same :func:`tile_rows`), else :func:`default_config` (for a
+        GPU with little shared memory per block when ``small_shared``); ``source`` says
+        which ("tuned", "tuned at T=8", "default")."""
+        rows = tile_rows(kernel, tokens)
+        same = [e for e in self.entries if e.key() == (kernel, gemm, weights, n, k)
+                and tile_rows(kernel, e.tokens) == rows]
         for e in same:
             if e.tokens == tokens:
                 return e.config, "tuned"

@@ -37,8 +37,8 @@ import triton.language as tl
 from torch import Tensor
 
 from microbench.kernels.checks import require_runnable, small_shared
-from microbench.kernels.moe_common import (ExpertWeights, GemmConfig, _int4_tile_once, _weight_tile, check_moe_args,
-                                           default_config)
+from microbench.kernels.moe_common import (MAX_TILE_ROWS, ExpertWeights, GemmConfig, _int4_tile_once, _weight_tile,
+                                           check_moe_args, default_config, tile_rows)
 from microbench.kernels.moe_routing import expert_segments
 
 __all__ = ["MAX_TILE_ROWS", "few_token_moe"]
@@ -47,9 +47,6 @@ __all__ = ["MAX_TILE_ROWS", "few_token_moe"]
 # Constants
 # --------------------------------------------------------------------------------------
 
-#: Rows of a tile: all of an expert's tokens up to T = 64 (the kernel's range); tl.dot
-#: needs at least 16.
-MIN_TILE_ROWS, MAX_TILE_ROWS = 16, 64
 # Elements zeroed per step of the accumulator clear in the w13 kernel (T*H fp32, at most
 # 64 x 7168 = 1.8 MB, spread over every program of the grid).
 _ZERO_BLOCK = 1024
@@ -223,7 +220,7 @@ def few_token_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, 
     pairs = t * top_k
     sorted_ids, seg_e, seg_start, seg_cnt, nseg = expert_segments(topk_ids, weights.num_experts)
     segs = seg_e.numel()
-    m_tile = min(max(triton.next_power_of_2(t), MIN_TILE_ROWS), MAX_TILE_ROWS)
+    m_tile = tile_rows("few_token", t)
     per13, split13 = _k_per_split(h, c13)
     per2, split2 = _k_per_split(inter, c2)
     dev = hidden.device

@@ -61,8 +61,8 @@ def add_parser(sub) -> None:
                        description="For each point of the suite (narrowed by --axis), try each tunable kernel's "
                        "configurations, gate each against the reference, time it, and keep the fastest correct "
                        "one in the device's table (cases/tuning/<device>.json), which `run` then uses. "
-                       "Points missing from the table fall back to the nearest tuned token count, then to "
-                       "the documented default.")
+                       "Points missing from the table fall back to the nearest tuned token count (few-token: "
+                       "with the same tile rows), then to the documented default.")
     t.add_argument("--suite", help="whose points (default: verify on a GPU, smoke on CPU)")
     t.add_argument("--case", action="append", help="case id(s) (default: every tunable case of the suite)")
     t.add_argument("--axis", action="append", metavar="NAME=V1,V2", help="narrow an axis of the sweep")

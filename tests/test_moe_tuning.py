@@ -59,6 +59,13 @@ def test_tuning_table_lookup_rules(tmp_path):
     assert tab.lookup("few_token", "w13", "int4", 512, 7168, 10) == (CFG_A, "tuned at T=8")
     assert tab.lookup("few_token", "w13", "int4", 512, 7168, 1) == (CFG_A, "tuned at T=8")
     assert tab.lookup("few_token", "w13", "int4", 512, 7168, 48) == (CFG_C, "tuned at T=64")
+    # the few-token tile's rows follow T (16 up to T = 16, then 32, 64): T = 24 and 32 are
+    # nearer 8 than 64 by ratio but a 32-row tile borrows from neither 16 nor 64 rows
+    for t in (24, 32):
+        assert tab.lookup("few_token", "w13", "int4", 512, 7168, t) == (
+            default_config("few_token", "w13", "int4", 512, 7168, t), "default")
+    assert tab.lookup("few_token", "w13", "int4", 512, 7168, 16) == (CFG_A, "tuned at T=8")
+    assert tab.lookup("few_token", "w13", "int4", 512, 7168, 33) == (CFG_C, "tuned at T=64")
     # 8 is 2x from both 4 and 16: the tie goes to the larger T
     assert tab.lookup("fused", "w13+w2", "bf16", 512, 7168, 8) == (CFG_C, "tuned at T=16")
     # a key with no entry (other weights, other N): the fixed default rule
@@ -78,6 +85,11 @@ def test_default_config_rule():
     assert default_config("few_token", "w13", "int4", 512, 1024, 4).split_k == 1
     assert default_config("few_token", "w2", "bf16", 7168, 256, 4).split_k == 1
     assert default_config("few_token", "w13", "bf16", 48, 64, 4).block_n == 64  # narrower N: next power of two
+    # bf16 K steps: 128 for 16-row tiles, 64 for 32 and 64 rows (where 128 spills)
+    assert [default_config("few_token", g, "bf16", 512, 7168, t).block_k
+            for g in ("w13", "w2") for t in (1, 16, 17, 32, 64)] == [128, 128, 64, 64, 64] * 2
+    assert {default_config("few_token", "w13", "int4", 512, 7168, t).block_k for t in (1, 16, 32, 64)} == {64}
+    assert {default_config("fused", "w13+w2", "bf16", 512, 7168, t).block_k for t in (4, 64)} == {128}
     assert default_config("few_token", "w13", "bf16", 20, 64, 4).block_n == 32
     with pytest.raises(ValueError, match="kernel/gemm"):
         default_config("few_token", "w13+w2", "bf16", 512, 7168, 4)
