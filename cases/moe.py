@@ -282,7 +282,8 @@ class MoEExpertsCase(Case):
 
         shape, t, dt = moe_shape(point["layout"]), point["tokens"], DTYPES[point["dtype"]]
         # weights depend on the layout only (drawn once per layout, like a model load)
-        ckpt, prepared = self._expert_weights(point, device, zlib.crc32(f"{point['layout']}|{point['weights']}".encode()))
+        weight_seed = zlib.crc32(f"{point['layout']}|{point['weights']}".encode())
+        ckpt, prepared = self._expert_weights(point, device, weight_seed)
         hidden, tw, ids = routing(shape, t, point["routing"], dt, device, seed)
         local = ids[ids >= 0]
         distinct = int(torch.unique(local).numel())

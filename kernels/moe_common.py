@@ -18,8 +18,8 @@ device (:class:`TuningTable`, written by ``microbench tune``), keyed by
 the nearest token count (by ratio; ties to the larger T) — for the few-token kernel only
 among those with the same tile rows (:func:`tile_rows`: 16, 32 or 64, set by T, so a
 configuration tuned for 16 rows is not borrowed by a 64-row tile whose registers and
-shared memory it never sized); else :func:`default_config`, a fixed rule documented there.  The table never fails a run: a missing file is an empty
-table.
+shared memory it never sized); else :func:`default_config`, a fixed rule documented there.
+The table never fails a run: a missing file is an empty table.
 
 Layout: constants → the ``@triton.jit`` helper → weights → checks → configurations.
 """

@@ -234,8 +234,8 @@ def few_token_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, 
     )
     w, s, st = weights.gemm("w2")
     _few_w2_kernel[(segs, triton.cdiv(h, c2.block_n), split2)](
-        hidden, w, s, part, acc, topk_weights, sorted_ids, seg_e, seg_start, seg_cnt, nseg, h, inter, part.stride(0), per2,
-        *st, TOP_K=top_k, SPLIT_IN=split13, INT4=weights.int4, GROUP=group, M_TILE=m_tile, BLOCK_N=c2.block_n,
+        hidden, w, s, part, acc, topk_weights, sorted_ids, seg_e, seg_start, seg_cnt, nseg, h, inter, part.stride(0),
+        per2, *st, TOP_K=top_k, SPLIT_IN=split13, INT4=weights.int4, GROUP=group, M_TILE=m_tile, BLOCK_N=c2.block_n,
         BLOCK_K=c2.block_k, UNPACK=c2.unpack, num_warps=c2.num_warps, num_stages=c2.num_stages,
     )
     out.copy_(acc)

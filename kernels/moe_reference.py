@@ -453,7 +453,8 @@ def moe_cost(T: int, H: int, I: int, top_k: int, distinct: int, weights: str, el
     if weights not in ("bf16", "int4"):
         raise ValueError(f"weights: expected 'bf16' or 'int4', got {weights!r}")
     if min(H, I, top_k, elem_bytes) < 1 or T < 0 or distinct < 0:
-        raise ValueError(f"moe_cost: need T, distinct >= 0 and H, I, top_k >= 1; got {T}, {distinct}, {H}, {I}, {top_k}")
+        raise ValueError(f"moe_cost: need T, distinct >= 0 and H, I, top_k >= 1; "
+                         f"got {T}, {distinct}, {H}, {I}, {top_k}")
     per_expert = 3 * I * H  # 2I·H (w13) + H·I (w2) elements
     if weights == "bf16":
         wbytes = per_expert * 2

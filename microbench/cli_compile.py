@@ -66,7 +66,8 @@ def _load_baseline(path: str, arch: int) -> dict[str, Any]:
             doc = json.load(fh)
     except (OSError, ValueError) as e:
         raise UsageError(f"--baseline {path}: cannot read it ({e})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != "microbench.compile" or not isinstance(doc.get("builds"), list):
+    if (not isinstance(doc, dict) or doc.get("schema") != "microbench.compile"
+            or not isinstance(doc.get("builds"), list)):
         raise UsageError(f"--baseline {path}: not a microbench compile report (write one with --json)")
     if doc.get("version") != 1:
         raise UsageError(f"--baseline {path}: report version {doc.get('version')!r}, this microbench reads 1")

@@ -83,7 +83,8 @@ def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, An
     base = index.get(record_key({**r, "variant": r.get("baseline")}))
     if base is None or base["status"] != "OK" or not base.get("timing"):
         return "no baseline record at this point"
-    if not base["timing"].get("interleaved", False) or len(base["timing"]["samples_s"]) != len(r["timing"]["samples_s"]):
+    if (not base["timing"].get("interleaved", False)
+            or len(base["timing"]["samples_s"]) != len(r["timing"]["samples_s"])):
         return "not an interleaved run (run with --interleave for paired ratios)"
     ratios = np.asarray(r["timing"]["samples_s"]) / np.asarray(base["timing"]["samples_s"])
     return list(ratios), r["timing"].get("passes")
@@ -172,7 +173,8 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
             if r["variant"] in vmap or r["variant"] not in vmap.values()}
     nmap = {key(r, "new"): r for r in new["records"]}
     q = 0.5 if quantile is None else quantile
-    rel = ({record_key(r): r for r in base["records"]}, {record_key(r): r for r in new["records"]}) if relative else None
+    rel = (({record_key(r): r for r in base["records"]}, {record_key(r): r for r in new["records"]})
+           if relative else None)
     keys = [k for k in nmap if k in bmap]
     rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel) for k in keys]
     # a record too short to show its own wander borrows the run's typical one

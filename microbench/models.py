@@ -363,7 +363,8 @@ class ModelConfig:
             if getattr(self, small) > getattr(self, big):
                 raise ConfigError(f"{label}: {small}={getattr(self, small)} exceeds {big}={getattr(self, big)}")
         if self.n_routed_experts % self.n_group:
-            raise ConfigError(f"{label}: n_group={self.n_group} does not divide n_routed_experts={self.n_routed_experts}")
+            raise ConfigError(f"{label}: n_group={self.n_group} does not divide "
+                              f"n_routed_experts={self.n_routed_experts}")
 
 
 def list_models() -> list[str]:

@@ -200,7 +200,8 @@ def collective_tables(title: str, recs: list[dict[str, Any]], tablefmt: str, mar
         seen: dict[str, set] = {}
         for (_, path), by_place in rows.items():
             seen.setdefault(path, set()).update((r["status"], r.get("reason")) for r in by_place.values())
-        absent = {path: next(iter(st))[1] for path, st in seen.items() if len(st) == 1 and next(iter(st))[0] == "SKIPPED"}
+        absent = {path: next(iter(st))[1] for path, st in seen.items()
+                  if len(st) == 1 and next(iter(st))[0] == "SKIPPED"}
         for (point, path), by_place in rows.items():
             if path in absent:
                 continue
@@ -212,7 +213,8 @@ def collective_tables(title: str, recs: list[dict[str, Any]], tablefmt: str, mar
         headers = [*lead, "size (B)", "count", "type", "redop", "path"]
         for p in ("oop", "ip"):
             headers += [f"{p} time (us)", "±", "algbw (GB/s)", "busbw (GB/s)", "#wrong"]
-        where = f"{capture or '-'}, {world if world is not None else '?'} rank(s)" + (f" ({backend})" if backend else "")
+        where = (f"{capture or '-'}, {world if world is not None else '?'} rank(s)"
+                 + (f" ({backend})" if backend else ""))
         head = f"{title} {where}" if not markdown else f"{title} — {where}"
         table = tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
         foot = "".join(f"\n[{i}] {n}" + ("  " if markdown else "") for i, n in enumerate(notes, 1))

@@ -38,7 +38,8 @@ class Trial:
     count: int = 0
     rejected: int = 0
 
-    def __call__(self, fn: Callable[..., Any], w: Workload, expected: Mapping[str, Any], label: str = "") -> float | None:
+    def __call__(self, fn: Callable[..., Any], w: Workload, expected: Mapping[str, Any],
+                 label: str = "") -> float | None:
         """The candidate's median seconds per call, or ``None`` when it is incorrect or fails."""
         self.count += 1
         atol, rtol = self.case.tolerance(self.point)

@@ -47,7 +47,8 @@ class Scaled(Case):
 
     def setup(self, point, device, seed):
         n = point["n"]
-        return Workload({"a": randn((n, n), torch.float32, device, seed), "b": randn((n, n), torch.float32, device, seed + 1)},
+        return Workload({"a": randn((n, n), torch.float32, device, seed),
+                         "b": randn((n, n), torch.float32, device, seed + 1)},
                         {"c": torch.empty(n, n)}, Cost(bytes=3 * n * n * 4, flops=2 * n**3))
 
     def reference(self, w):

@@ -118,7 +118,8 @@ def test_a_change_no_larger_than_the_environment_move_is_not_called_code():
     steady = {"version": 2, "samples_s": _samples(rng, n=200)}
     moved = {"version": 2, "samples_s": _samples(rng, n=200, scale=1.15 * T0)}
     base = _doc({"k": _samples(rng)}, probe=steady)
-    assert compare.compare_runs(base, _doc({"k": _samples(rng, scale=1.12 * T0)}, probe=steady))["rows"][0]["label"] == "SLOWER"
+    slower = compare.compare_runs(base, _doc({"k": _samples(rng, scale=1.12 * T0)}, probe=steady))
+    assert slower["rows"][0]["label"] == "SLOWER"
     row = compare.compare_runs(base, _doc({"k": _samples(rng, scale=1.12 * T0)}, probe=moved))["rows"][0]
     assert row["label"] == "UNSURE" and row["hi"] > 1.12 * 1.14 and row["lo"] < 1.12 / 1.14
     far = compare.compare_runs(base, _doc({"k": _samples(rng, scale=1.6 * T0)}, probe=moved))["rows"][0]

@@ -45,7 +45,8 @@ class FakeNVML:
     def __init__(self, sm_clocks=(1980,), masks=(SW_POWER_CAP | HW_SLOWDOWN,), init_error=None,
                  old_api=False, clock_error=None, uuids=()):
         self.uuids = list(uuids)
-        self.sm_clocks, self.masks, self.init_error, self.clock_error = list(sm_clocks), list(masks), init_error, clock_error
+        self.sm_clocks, self.masks = list(sm_clocks), list(masks)
+        self.init_error, self.clock_error = init_error, clock_error
         self.lock = threading.Lock()
         self.n_sm = self.n_mask = self.n_temp = 0
         self.handles: list[int] = []

@@ -53,8 +53,10 @@ def test_tree_rows_that_see_only_themselves():
 
 
 def _plan_args(**over):
-    args = dict(qo_indptr=torch.tensor([0, 2, 5], dtype=torch.int32), kv_indptr=torch.tensor([0, 1, 3], dtype=torch.int32),
-                kv_indices=torch.tensor([4, 0, 2], dtype=torch.int32), prefix_lens=torch.tensor([3, 70], dtype=torch.int32),
+    args = dict(qo_indptr=torch.tensor([0, 2, 5], dtype=torch.int32),
+                kv_indptr=torch.tensor([0, 1, 3], dtype=torch.int32),
+                kv_indices=torch.tensor([4, 0, 2], dtype=torch.int32),
+                prefix_lens=torch.tensor([3, 70], dtype=torch.int32),
                 page_size=64, num_pages=5, sm_scale=0.1)
     args.update(over)
     return args

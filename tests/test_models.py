@@ -200,7 +200,8 @@ def test_unknown_model_lists_shipped_names() -> None:
 
 def test_kimi_tp8_shapes(kimi: ModelConfig) -> None:
     s = rank_shapes(kimi, ParallelLayout(tp=8))
-    assert (s.heads_per_rank, s.q_head_dim, s.kv_cache_dim, s.kv_lora_rank, s.qk_rope_head_dim) == (8, 192, 576, 512, 64)
+    assert ((s.heads_per_rank, s.q_head_dim, s.kv_cache_dim, s.kv_lora_rank, s.qk_rope_head_dim)
+            == (8, 192, 576, 512, 64))
     assert (s.v_head_dim, s.hidden, s.q_lora_rank, s.top_k) == (128, 7168, 1536, 8)
     assert s.experts_per_rank == 384 and s.moe_intermediate_per_rank == 256
     assert s.shared_intermediate_per_rank == 256 and s.dense_intermediate_per_rank == 2304
@@ -240,7 +241,8 @@ def test_tp_must_keep_whole_scale_groups(kimi: ModelConfig) -> None:
     raw = _raw("models", "kimi-k2.5")
     raw["text_config"].update(num_attention_heads=128, vocab_size=163840)
     wide = ModelConfig.from_hf(raw, name="wide")
-    with pytest.raises(ConfigError, match=r"moe_intermediate_per_rank=16 is not a multiple of the int4 scale group of 32"):
+    with pytest.raises(ConfigError,
+                       match=r"moe_intermediate_per_rank=16 is not a multiple of the int4 scale group of 32"):
         rank_shapes(wide, ParallelLayout(tp=128))
 
 

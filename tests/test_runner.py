@@ -16,7 +16,8 @@ FAST = TimingOptions(budget_s=0.3, max_noise=0.005)
 
 def _run(case, tmp_path=None, **kw):
     opts = RunOptions(suite="smoke", device="cpu", timing=kw.pop("timing", FAST), **kw)
-    writer = ResultWriter(str(tmp_path), {"suite": "smoke", "device": "cpu"}, {"git": {}, "host": {}}) if tmp_path else None
+    writer = (ResultWriter(str(tmp_path), {"suite": "smoke", "device": "cpu"}, {"git": {}, "host": {}})
+              if tmp_path else None)
     recs = Runner(opts, writer, progress=lambda _: None).run(plan([case], opts))
     if writer:
         writer.close(complete=True)

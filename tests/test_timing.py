@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from microbench.timing import (TimingOptions, _batch_size, copies_for_cold_cache, measure, measure_interleaved, run_interleaved,
-                               run_until_stable, stop_reason)
+from microbench.timing import (TimingOptions, _batch_size, copies_for_cold_cache, measure, measure_interleaved,
+                               run_interleaved, run_until_stable, stop_reason)
 
 
 class FakeClock:

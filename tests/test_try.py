@@ -58,7 +58,8 @@ def test_an_off_by_one_mask_is_rejected_at_the_odd_shapes_and_not_timed(scaffold
 
 
 @pytest.mark.parametrize(("source", "message"), [
-    ("def f(x, weight, eps, out, residual=None):\n    return x +\n", ["cannot be loaded: SyntaxError", ":2: return x +"]),
+    ("def f(x, weight, eps, out, residual=None):\n    return x +\n",
+     ["cannot be loaded: SyntaxError", ":2: return x +"]),
     ("import no_such_module_anywhere\n", ["cannot be loaded: ModuleNotFoundError", ":1"]),
     ("def f(x, w):\n    return x\n", ["f(x, w) does not take the case's arguments",
                                       "norm.rmsnorm calls fn(", "Variant signature: fn(x, weight, eps, out"]),
