@@ -336,7 +336,9 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     every word eight times (at 64 token rows: 214 registers, no spill, against 255 and a
     44-byte spill); it fits sm_120's blocks at 3 stages too (20-32 KiB). bf16: 3 stages,
     or 2 on a GPU whose block may take less than 128 KiB of shared memory
-    (``small_shared``: sm_86/89/120), where the w13 tile at 64 rows needs 144 KiB.
+    (``small_shared``: sm_86/89/120), where by ptxas for sm_120 a third stage leaves the
+    16-row w13 tile one block per SM (72 KiB) and spills the 64-row one (80 B; 2 stages:
+    none).
     Which reading is faster is the GPU's to say: ``microbench tune`` tries both.
     bf16 tiles of 32 and 64 rows (T > 16) take K steps of 64: by ptxas for sm_90 at Kimi-K2.5
     TP8, steps of 128 spill there (w13 at 32 rows 255 registers + 20 B, w2 at 64 rows 255 +
