@@ -129,9 +129,9 @@ class _AllReduce(Case):
         return None
 
     def skip_variant(self, variant: str, point: Point, device: str) -> str | None:
-        from microbench.kernels import allreduce
-
         import torch.distributed as dist
+
+        from microbench.kernels import allreduce
 
         kind = "cuda" if on_cuda(device) else "cpu"
         path, _, placement = variant.rpartition("-")

@@ -11,9 +11,8 @@ residual stream, large next to the rest, along the least-norm direction whose ga
 are equal on ``top_k`` chosen experts (from ``topk_group`` groups, two per group, as
 grouped routing needs) and zero on every other: after the norms the chosen logits are
 ~sqrt(H / k), the others ~0 +- 0.1, and both paths pick the same set by a wide margin.
-The chosen sets are drawn independently per token, so T tokens
-touch ~E (1 - (1 - k/E)^T) experts, as random routing does. The kernels' cost does not
-depend on the values.
+The chosen sets are drawn independently per token, so T tokens touch ~E (1 - (1 - k/E)^T)
+experts, as random routing does. The kernels' cost does not depend on the values.
 """
 
 from __future__ import annotations

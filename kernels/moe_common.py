@@ -347,7 +347,7 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     """
     if kernel not in KERNELS or gemm not in KERNELS[kernel]:
         raise ValueError(f"kernel/gemm: unknown pair {kernel!r}/{gemm!r} (known: {KERNELS})")
-    bk = 64 if weights == "int4" or (tile_rows(kernel, tokens) or 0) > MIN_TILE_ROWS else 128
+    bk = 64 if weights == "int4" or (kernel == "few_token" and tile_rows(kernel, tokens) > MIN_TILE_ROWS) else 128
     if kernel == "fused":
         return GemmConfig(block_n=64, block_k=bk, block_m=16, num_warps=4, num_stages=3)
     split = 4 if gemm == "w13" and k >= 2048 else 1
