@@ -87,7 +87,14 @@ def cupy_unavailable() -> str | None:
 def cupy_empty_launch(x: Tensor) -> None:
     """An empty ``cupy.RawKernel`` (one block of one thread, one pointer argument) on
     torch's current stream — inside a CUDA graph capture, the capture stream, so the
-    graph records it. Compiled once (NVRTC), on the first call."""
+    graph records it. Compiled once (NVRTC), on the first call.
+
+    The stream goes to the launch as an argument: entering CuPy's ``Device`` and stream
+    contexts on every call would add their Python cost to what this row reports as the
+    driver's launch path. The kernel is CuPy's build for the current device, as a Triton
+    launch takes the current device's; only when that is not ``x``'s device (a check
+    before the first timing sets it) is ``x``'s device entered for the call.
+    """
     import cupy
     import torch
 
@@ -99,5 +106,9 @@ def cupy_empty_launch(x: Tensor) -> None:
     stream = streams.get(ptr)
     if stream is None:
         stream = streams[ptr] = cupy.cuda.ExternalStream(ptr)
-    with cupy.cuda.Device(x.device.index or 0), stream:
-        kernel((1,), (1,), (x.data_ptr(),))
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if cupy.cuda.runtime.getDevice() == index:
+        kernel((1,), (1,), (x.data_ptr(),), stream=stream)
+        return
+    with cupy.cuda.Device(index):
+        kernel((1,), (1,), (x.data_ptr(),), stream=stream)

@@ -201,3 +201,46 @@ def test_empty_launch_runs() -> None:
     assert torch.equal(x, torch.zeros(4, device=DEVICE)), "the empty kernel must not write"
     if CUDA:
         torch.cuda.synchronize()
+
+
+def test_cupy_empty_launch_passes_the_stream_and_enters_a_device_only_when_it_differs(monkeypatch) -> None:
+    """CuPy itself needs a GPU; a stand-in records what the launcher hands it."""
+    import sys
+    import types
+
+    from microbench.kernels import launch
+
+    calls, entered = [], []
+
+    class Kernel:
+        def __init__(self, source, name):
+            assert name in source
+
+        def __call__(self, grid, block, args, **kwargs):
+            calls.append((grid, block, args, kwargs))
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+
+        def __exit__(self, *exc):
+            return False
+
+    current = {"device": 0}
+    cuda = types.SimpleNamespace(
+        ExternalStream=lambda ptr: ("stream", ptr), Device=Device,
+        runtime=types.SimpleNamespace(getDevice=lambda: current["device"]))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawKernel=Kernel, cuda=cuda))
+    monkeypatch.setattr(launch, "_cupy_state", {})
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=1234))
+    x = types.SimpleNamespace(device=torch.device("cuda", 1), data_ptr=lambda: 99)  # what the launcher reads
+
+    current["device"] = 1
+    launch.cupy_empty_launch(x)
+    assert calls == [((1,), (1,), (99,), {"stream": ("stream", 1234)})] and entered == []
+    current["device"] = 0
+    launch.cupy_empty_launch(x)
+    assert len(calls) == 2 and calls[1] == calls[0] and entered == [1]
