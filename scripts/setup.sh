@@ -31,3 +31,20 @@ python -m pip install --quiet -e ".[test]"
 if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     export TRITON_INTERPRET=1
 fi
+
+# parallel_args: sets the array `parallel` to pytest-xdist's arguments for the parallel
+# pass: a worker per core, at most 4; MICROBENCH_TEST_WORKERS=N picks N (0 or 1: none)
+parallel_args() {
+    local workers="${MICROBENCH_TEST_WORKERS:-}"
+    if [ -z "$workers" ]; then
+        workers=$(python -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
+    fi
+    if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
+        echo "test: MICROBENCH_TEST_WORKERS must be a whole number, got '$workers'" >&2
+        exit 2
+    fi
+    parallel=()
+    if [ "$workers" -gt 1 ]; then
+        parallel=(-n "$workers" --dist worksteal)
+    fi
+}
