@@ -16,7 +16,8 @@ Schema (``schema = "microbench.result"``, ``schema_version = 1``)::
           "bytes", "flops", "gbps", "tflops", "floor_s", "pct_of_floor", "floor_source",
           "clocks": ClockSampler.result() | null,   # NVML during the point
           "probe": {"median_s", "samples_s"} | null, # the environment probe beside the point
-          "vs_baseline": Verdict.to_dict() | null
+          "vs_baseline": Verdict.to_dict() | null,
+          "prep_s": float                  # set-up, reference, gate, capture: before timing (not SKIPPED)
       } ]
     }
 

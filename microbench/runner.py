@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -183,6 +184,7 @@ class Runner:
             if why:
                 recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=why, **extra)
                 continue
+            t0 = time.perf_counter()
             try:
                 w = case.setup(point, dev, seed)
                 expected = case.reference(w)
@@ -197,20 +199,20 @@ class Runner:
             outcome = _agreed_outcome(world, f"{case.id} {v.name} gate", outcome)
             if outcome["error"]:
                 recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=outcome["error"],
-                                       traceback=outcome.get("traceback"), **extra)
+                                       traceback=outcome.get("traceback"), prep_s=time.perf_counter() - t0, **extra)
                 continue
             if world is not None:
                 base["wrong"] = outcome["wrong"]
             if not outcome["passed"]:
                 recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason="incorrect: " + outcome["summary"],
-                                       **base)
+                                       prep_s=time.perf_counter() - t0, **base)
                 continue
             if case.profile_calls and dev.startswith("cuda"):
                 from microbench.profile import profile_call
 
                 base["profile"] = profile_call(functools.partial(v.fn, **w.kwargs()))
-            recs[v.name] = _record(case, point, v.name, dev, "OK", **base)
             calls, notes[v.name] = w.timed_calls(v.fn, mode, o.cache_bytes)
+            recs[v.name] = _record(case, point, v.name, dev, "OK", prep_s=time.perf_counter() - t0, **base)
             ready.append((v, calls))
         clocks = None
         if ready:
@@ -310,6 +312,7 @@ class Runner:
             self._keep(recs)
         total, passes = len(p.items), max(1, self.opts.repeat)
         kept: list[list[dict[str, Any]]] = []
+        t0 = time.perf_counter()
         for k in range(passes):
             for i, (case, point) in enumerate(p.items):
                 tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
@@ -327,6 +330,8 @@ class Runner:
                     self._keep([])
                 for r in kept[i]:
                     self.progress("    " + progress_text(r))
+        if total:
+            self.progress(time_split_text([r for recs in kept for r in recs], time.perf_counter() - t0))
         self._derive(p)
         return self.records
 
@@ -363,6 +368,7 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
         t["samples_s"] = t["samples_s"] + nt["samples_s"]
         t["summary"] = stats.summarize(t["samples_s"]).to_dict()
         t["elapsed_s"] += nt["elapsed_s"]
+        o["prep_s"] = (o.get("prep_s") or 0.0) + (n.get("prep_s") or 0.0)
         t.setdefault("stop_reasons", [t["stop_reason"]]).append(nt["stop_reason"])
         t["stop_reason"] = nt["stop_reason"] if nt["stop_reason"] != "noise" else t["stop_reason"]
         if o.get("probe") and n.get("probe"):
@@ -371,6 +377,18 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
             o.setdefault("clocks_passes", []).append(n["clocks"])
         if n.get("ranks"):
             o.setdefault("ranks_passes", []).append(n["ranks"])
+
+
+def time_split_text(recs: Sequence[dict[str, Any]], wall_s: float) -> str:
+    """Where a run's wall time went: preparing variants (set-up, references, correctness
+    gates with their first-call compiles, graph capture) against timing them."""
+    prep = sum(r.get("prep_s") or 0.0 for r in recs)
+    timed = sum(r["timing"]["elapsed_s"] for r in recs if r.get("timing"))
+    slowest = max((r for r in recs if r.get("prep_s") is not None), key=lambda r: r["prep_s"], default=None)
+    tail = (f"; slowest to prepare: {slowest['case']} {point_label(slowest['axes'])} {slowest['variant']} "
+            f"{slowest['prep_s']:.1f} s" if slowest else "")
+    return (f"run: {wall_s:.1f} s wall, {prep:.1f} s preparing variants (set-up, references, gates with "
+            f"first-call compiles, capture), {timed:.1f} s timing them{tail}")
 
 
 def progress_text(r: dict[str, Any]) -> str:
@@ -384,6 +402,8 @@ def progress_text(r: dict[str, Any]) -> str:
     vb = r.get("vs_baseline")
     if vb:
         extra += f"  ×{vb['ratio']:.3f} vs baseline {vb['label']}"
+    if r.get("prep_s") is not None:  # set-up, reference, gate (first-call compiles), capture
+        extra += f"  [prep {r['prep_s']:.1f} s, timing {t['elapsed_s']:.1f} s]"
     return (f"{r['variant']:<14} {fmt_time(s['median'])} ±{100 * s['rel_noise']:.2f}% "
             f"n={s['count']} ({t['stop_reason']}){extra}")
 

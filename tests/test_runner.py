@@ -59,6 +59,30 @@ def test_records_carry_seed_stats_floor_and_probe():
     assert r["probe"]["samples_s"] and r["probe"]["version"] >= 1
 
 
+def test_records_say_how_long_each_variant_took_to_prepare_and_the_run_splits_its_time():
+    import time
+
+    case = Scaled()
+    setup = case.setup
+
+    def slow_setup(point, device, seed):  # 50 ms of set-up per variant, counted as preparation
+        time.sleep(0.05)
+        return setup(point, device, seed)
+
+    case.setup = slow_setup
+    opts = RunOptions(suite="smoke", device="cpu", timing=FAST, axis_picks={"n": ["48"]})
+    lines: list[str] = []
+    recs = Runner(opts, None, progress=lines.append).run(plan([case], opts))
+    assert recs and all(r["prep_s"] >= 0.05 for r in recs)
+    assert all(f"[prep {r['prep_s']:.1f} s, timing {r['timing']['elapsed_s']:.1f} s]" in "\n".join(lines)
+               for r in recs)
+    (split,) = [line for line in lines if line.startswith("run: ")]
+    prep = sum(r["prep_s"] for r in recs)
+    assert f"{prep:.1f} s preparing variants" in split and "slowest to prepare: test.scaled" in split
+    wrong, _ = _run(Scaled(wrong=True), variants=["base"], axis_picks={"n": ["48"]})
+    assert wrong[0]["status"] == "FAILED" and wrong[0]["prep_s"] > 0
+
+
 def test_axis_narrowing_rejects_unknown_values():
     with pytest.raises(ValueError, match="axis n has no value 7"):
         plan([Scaled()], RunOptions(suite="smoke", axis_picks={"n": ["7"]}))
