@@ -334,7 +334,10 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     then holds 105 registers and 20 KiB of shared memory at 4 blocks/SM, against 254
     registers and 108 KiB at 2 blocks/SM with eight loads per word, whose pipeline buffers
     every word eight times (at 64 token rows: 214 registers, no spill, against 255 and a
-    44-byte spill); it fits sm_120's blocks at 3 stages too (20-32 KiB). bf16: 3 stages,
+    44-byte spill); it fits sm_120's blocks at 3 stages too (20-32 KiB). Those are Triton
+    3.9's builds; under Triton 3.6 (ptxas 12.8) the 16-row tile stops at 128 registers and
+    spills 12 B, as do 4 of the other 5 four-warp tiles of 32-128 columns at 3 or 4 stages
+    (4-8 B; none at 2 stages or with 8 warps). bf16: 3 stages,
     or 2 on a GPU whose block may take less than 128 KiB of shared memory
     (``small_shared``: sm_86/89/120), where by ptxas for sm_120 a third stage leaves the
     16-row w13 tile one block per SM (72 KiB) and spills the 64-row one (80 B; 2 stages:
