@@ -367,13 +367,18 @@ def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: i
     64/128 x group_m 1/8 x stages 3/4 — 72 configurations.  ``few_token``: block_n
     32/64/128 x block_k 64/128 x split_k 1/2/4/8 (w13; w2: 1/2) x stages 3/4 — 48 / 24,
     and for INT4 each of them with ``unpack`` 1 and 0 (the default with 0 second).
-    Warps stay 4: at these row counts a tile is at most 64 x 128.
+    Warps stay 4 (at these row counts a tile is at most 64 x 128), except that the
+    few-token default is also tried with 8 (next, with each ``unpack``): more loads in
+    flight for a memory-bound tile, and under Triton 3.6 (ptxas 12.8) the 8-warp INT4 w13
+    tiles do not spill where 4-warp ones do (``default_config``).
     """
     first = default_config(kernel, gemm, weights, n, k, tokens)
     out = [first]
     unpacks = (1, 0) if kernel == "few_token" and weights == "int4" else (0,)
     if len(unpacks) > 1:
         out.append(replace(first, unpack=0))
+    if kernel == "few_token":
+        out += [replace(first, num_warps=8, unpack=u) for u in unpacks]
     if kernel == "fused":
         grid = [dict(block_m=m, block_n=bn, block_k=bk, group_m=g, num_stages=st)
                 for m in (16, 32, 64) for bn in (64, 32, 128) for bk in (128, 64) for g in (1, 8) for st in (3, 4)]

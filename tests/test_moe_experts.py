@@ -176,6 +176,8 @@ def test_unpack_once_is_searched_for_int4_and_refused_for_odd_groups():
 
     space = search_space("few_token", "w13", "int4", 512, 7168, 4)
     assert space[0].unpack == 1 and space[1] == dataclasses.replace(space[0], unpack=0)
+    assert space[2:4] == [dataclasses.replace(space[0], num_warps=8, unpack=u) for u in (1, 0)]
+    assert [c.num_warps for c in space].count(8) == 2 and len(set(space)) == len(space)
     assert sum(c.unpack for c in space) == len(space) // 2
     assert not any(c.unpack for c in search_space("few_token", "w13", "bf16", 512, 7168, 4))
     assert not any(c.unpack for c in search_space("fused", "w13+w2", "int4", 512, 7168, 4))
