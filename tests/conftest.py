@@ -19,6 +19,19 @@ if not HAS_CUDA:
     torch.set_num_threads(1)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which torch and Triton the kernels ran under (scripts/test-triton-floor puts an
+    older Triton first on the path), and whether Triton interpreted them."""
+    try:
+        import triton
+
+        tri = f"triton {triton.__version__} ({os.path.dirname(triton.__file__)})"
+    except ImportError:
+        tri = "triton: not importable"
+    mode = "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
+    return f"microbench: torch {torch.__version__}, {tri}, kernels {mode}, CUDA {HAS_CUDA}"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--mb-budget-s", type=float, default=1.0,
                      help="microbench benches: time budget per bench in seconds (default 1.0)")
