@@ -388,7 +388,8 @@ def time_split_text(recs: Sequence[dict[str, Any]], wall_s: float) -> str:
     tail = (f"; slowest to prepare: {slowest['case']} {point_label(slowest['axes'])} {slowest['variant']} "
             f"{slowest['prep_s']:.1f} s" if slowest else "")
     return (f"run: {wall_s:.1f} s wall, {prep:.1f} s preparing variants (set-up, references, gates with "
-            f"first-call compiles, capture), {timed:.1f} s timing them{tail}")
+            f"first-call compiles, capture), {timed:.1f} s timing them, {max(0.0, wall_s - prep - timed):.1f} s "
+            f"the rest (environment probes, clock sampling, result writes){tail}")
 
 
 def progress_text(r: dict[str, Any]) -> str:

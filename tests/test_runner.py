@@ -79,6 +79,7 @@ def test_records_say_how_long_each_variant_took_to_prepare_and_the_run_splits_it
     (split,) = [line for line in lines if line.startswith("run: ")]
     prep = sum(r["prep_s"] for r in recs)
     assert f"{prep:.1f} s preparing variants" in split and "slowest to prepare: test.scaled" in split
+    assert " s the rest (environment probes" in split
     wrong, _ = _run(Scaled(wrong=True), variants=["base"], axis_picks={"n": ["48"]})
     assert wrong[0]["status"] == "FAILED" and wrong[0]["prep_s"] > 0
 
