@@ -383,7 +383,15 @@ def time_split_text(recs: Sequence[dict[str, Any]], wall_s: float) -> str:
     """Where a run's wall time went: preparing variants (set-up, references, correctness
     gates with their first-call compiles, graph capture) against timing them."""
     prep = sum(r.get("prep_s") or 0.0 for r in recs)
-    timed = sum(r["timing"]["elapsed_s"] for r in recs if r.get("timing"))
+    timed, shared = 0.0, {}  # variants timed interleaved share one loop: count it once per point
+    for r in recs:
+        t = r.get("timing")
+        if t and t.get("interleaved"):
+            key = (r["case"], point_label(r["axes"]))
+            shared[key] = max(shared.get(key, 0.0), t["elapsed_s"])
+        elif t:
+            timed += t["elapsed_s"]
+    timed += sum(shared.values())
     slowest = max((r for r in recs if r.get("prep_s") is not None), key=lambda r: r["prep_s"], default=None)
     tail = (f"; slowest to prepare: {slowest['case']} {point_label(slowest['axes'])} {slowest['variant']} "
             f"{slowest['prep_s']:.1f} s" if slowest else "")

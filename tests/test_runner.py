@@ -80,6 +80,11 @@ def test_records_say_how_long_each_variant_took_to_prepare_and_the_run_splits_it
     prep = sum(r["prep_s"] for r in recs)
     assert f"{prep:.1f} s preparing variants" in split and "slowest to prepare: test.scaled" in split
     assert " s the rest (environment probes" in split
+    inter = Runner(RunOptions(suite="smoke", device="cpu", timing=FAST, axis_picks={"n": ["48"]}, interleave=True),
+                   None, progress=lines.append).run(plan([Scaled()], opts))
+    loop = inter[0]["timing"]["elapsed_s"]  # one loop timed every variant: counted once
+    assert len(inter) > 1 and all(r["timing"]["interleaved"] and r["timing"]["elapsed_s"] == loop for r in inter)
+    assert f"{loop:.1f} s timing them" in lines[-1]
     wrong, _ = _run(Scaled(wrong=True), variants=["base"], axis_picks={"n": ["48"]})
     assert wrong[0]["status"] == "FAILED" and wrong[0]["prep_s"] > 0
 
