@@ -80,8 +80,8 @@ def test_records_say_how_long_each_variant_took_to_prepare_and_the_run_splits_it
     prep = sum(r["prep_s"] for r in recs)
     assert f"{prep:.1f} s preparing variants" in split and "slowest to prepare: test.scaled" in split
     assert " s the rest (environment probes" in split
-    inter = Runner(RunOptions(suite="smoke", device="cpu", timing=FAST, axis_picks={"n": ["48"]}, interleave=True),
-                   None, progress=lines.append).run(plan([Scaled()], opts))
+    iopts = RunOptions(suite="smoke", device="cpu", timing=FAST, axis_picks={"n": ["48"]}, interleave=True)
+    inter = Runner(iopts, None, progress=lines.append).run(plan([Scaled()], iopts))
     loop = inter[0]["timing"]["elapsed_s"]  # one loop timed every variant: counted once
     assert len(inter) > 1 and all(r["timing"]["interleaved"] and r["timing"]["elapsed_s"] == loop for r in inter)
     assert f"{loop:.1f} s timing them" in lines[-1]
