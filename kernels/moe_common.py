@@ -76,6 +76,17 @@ TUNING_VERSION = 1
 
 
 @triton.jit
+def _mma(a, w):
+    """``a @ w`` with ``w`` cast to ``a``'s dtype, accumulated in fp32. fp32 operands are
+    multiplied at full precision: compiled, ``tl.dot`` would use TF32 (a 10-bit mantissa)
+    by default, which the interpreter never does and an fp32 gate over K = 7168 rejects."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, w.to(a.dtype), input_precision="ieee")
+    else:
+        return tl.dot(a, w.to(a.dtype))
+
+
+@triton.jit
 def _weight_tile(w_ptr, s_ptr, offs_k, offs_n, mask, stride_k, stride_n, stride_sk, stride_sn,
                  INT4: tl.constexpr, GROUP: tl.constexpr):
     """The ``[BLOCK_K, BLOCK_N]`` tile of one expert's weight (``w_ptr``/``s_ptr`` already

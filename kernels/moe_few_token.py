@@ -37,8 +37,8 @@ import triton.language as tl
 from torch import Tensor
 
 from microbench.kernels.checks import require_runnable, small_shared
-from microbench.kernels.moe_common import (MAX_TILE_ROWS, ExpertWeights, GemmConfig, _int4_tile_once, _weight_tile,
-                                           check_moe_args, default_config, tile_rows)
+from microbench.kernels.moe_common import (MAX_TILE_ROWS, ExpertWeights, GemmConfig, _int4_tile_once, _mma,
+                                           _weight_tile, check_moe_args, default_config, tile_rows)
 from microbench.kernels.moe_routing import expert_segments
 
 __all__ = ["MAX_TILE_ROWS", "few_token_moe"]
@@ -110,8 +110,8 @@ def _few_w13_kernel(x_ptr, w_ptr, s_ptr, part_ptr, acc_ptr, sorted_ptr, seg_e_pt
                                   INT4, GROUP)
                 wu = _weight_tile(w_base, s_base, k, offs_n + I, wmask, stride_wk, stride_wn, stride_sk, stride_sn,
                                   INT4, GROUP)
-            acc_g += tl.dot(a, wg.to(a.dtype))
-            acc_u += tl.dot(a, wu.to(a.dtype))
+            acc_g += _mma(a, wg)
+            acc_u += _mma(a, wu)
         out = part_ptr + ps.to(tl.int64) * num_pairs * 2 * I + (start + rows).to(tl.int64)[:, None] * 2 * I
         omask = row_ok[:, None] & n_ok[None, :]
         tl.store(out + offs_n[None, :], acc_g, mask=omask)
@@ -162,10 +162,13 @@ def _few_w2_kernel(x_ptr, w_ptr, s_ptr, part_ptr, acc_ptr, topk_w_ptr, sorted_pt
             else:
                 w = _weight_tile(w_base, s_base, k, offs_n, k_ok[:, None] & n_ok[None, :], stride_wk, stride_wn,
                                  stride_sk, stride_sn, INT4, GROUP)
-            acc += tl.dot(act, w.to(act.dtype))
+            acc += _mma(act, w)
         acc *= tl.load(topk_w_ptr + pairs, mask=row_ok, other=0.0)[:, None]
         tokens = (pairs // TOP_K).to(tl.int64)
-        tl.atomic_add(acc_ptr + tokens[:, None] * H + offs_n[None, :], acc, mask=row_ok[:, None] & n_ok[None, :])
+        # relaxed: the workspace was zeroed by the w13 launch, nothing here orders against
+        # another add, and the default (acq_rel) makes each add wait for its old value
+        tl.atomic_add(acc_ptr + tokens[:, None] * H + offs_n[None, :], acc, mask=row_ok[:, None] & n_ok[None, :],
+                      sem="relaxed")
 
 
 # --------------------------------------------------------------------------------------

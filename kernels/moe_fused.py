@@ -26,7 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from microbench.kernels.checks import require_runnable
-from microbench.kernels.moe_common import ExpertWeights, GemmConfig, _weight_tile, check_moe_args, default_config
+from microbench.kernels.moe_common import ExpertWeights, GemmConfig, _mma, _weight_tile, check_moe_args, default_config
 from microbench.kernels.moe_routing import align
 
 __all__ = ["fused_moe"]
@@ -89,7 +89,7 @@ def _fused_moe_kernel(a_ptr, w_ptr, s_ptr, c_ptr, topk_w_ptr, sorted_ptr, blocks
         a = tl.load(a_base + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = _weight_tile(w_base, s_base, k, offs_n, k_ok[:, None] & n_ok[None, :], stride_wk, stride_wn,
                          stride_sk, stride_sn, INT4, GROUP)
-        acc += tl.dot(a, w.to(a.dtype))
+        acc += _mma(a, w)
     if MUL_WEIGHT:
         acc *= tl.load(topk_w_ptr + pairs, mask=row_ok, other=0.0)[:, None]
     tl.store(c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :],

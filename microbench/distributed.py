@@ -8,7 +8,8 @@ needs no launcher: it is set up in process (a file store, no port).
 Three things make the ranks measure one thing together:
 
 * **Lock-step samples** (:class:`Lockstep`): before every sample the ranks meet (an
-  all-reduce on a CPU gloo group, which is a barrier), each rank times its own call, and
+  all-reduce on a CPU gloo group, which is a barrier; on NCCL the GPUs meet too, in a
+  one-element all-reduce just before each start event), each rank times its own call, and
   the ranks exchange ``[sample, elapsed]`` in one more all-reduce(MAX). The sample kept is
   the slowest rank's, so every rank holds the same series and reaches the same stopping
   decision at the same sample; warm-up length and batch size are agreed the same way.
@@ -119,7 +120,17 @@ class World:
         return [json.loads(self.store.get(k)) for k in keys]
 
     def lockstep(self) -> "Lockstep":
-        return Lockstep(self.control, self.size)
+        meet = None
+        if self.size > 1 and self.backend == "nccl":
+            import torch
+            import torch.distributed as dist
+
+            token = torch.zeros(1, dtype=torch.float32, device=self.device)
+            group = self.group
+
+            def meet() -> None:  # on the current stream, as the samples' events are
+                dist.all_reduce(token, group=group)
+        return Lockstep(self.control, self.size, meet)
 
     # ------------------------------------------------------------------ failure
 
@@ -221,11 +232,17 @@ def solo_world(device: str, backend: str | None = None) -> World:
 
 class Lockstep:
     """Lock-step sampling over a CPU group: the ranks meet before each sample and keep the
-    slowest rank's time (see the module docstring). One object per measurement."""
+    slowest rank's time (see the module docstring). One object per measurement.
 
-    def __init__(self, control: Any, size: int):
+    ``device_meet`` (NCCL worlds of several ranks) is a collective on the GPUs that the CUDA
+    sampler enqueues just before each start event: the ranks leave the host-side meeting
+    tens of µs apart, and without it the first rank's sample would hold its wait, inside
+    the timed collective, for the last."""
+
+    def __init__(self, control: Any, size: int, device_meet: Callable[[], None] | None = None):
         self.control = control
         self.size = size
+        self.device_meet = device_meet
         self.local: list[list[float]] = []  # each tracked sampler's own (this rank's) samples
         self._t0 = time.perf_counter()
         self._elapsed = 0.0

@@ -13,11 +13,19 @@ Modes are options, not separate loops:
 ``hot``
     Back-to-back calls with no flush; each sample is a batch of calls between two events
     (or two host clock reads on CPU), sized so a sample lasts at least
-    ``TimingOptions.min_sample_s``: the per-call time is the batch time / batch size.
+    ``TimingOptions.min_sample_s`` (1 ms on CUDA, 20 µs on CPU): the per-call time is the
+    batch time / batch size. On CUDA the start event fires as soon as it is enqueued, on
+    an idle GPU, while the batch's first call is still being launched; a 1 ms sample keeps
+    that one launch latency (5-20 µs) to a percent or two of it, and a steady stream of
+    calls is what the mode means to time.
 ``graph`` (CUDA only)
     N calls are captured once into a CUDA graph and the graph is replayed; a sample is
     one replay / N: the launch-free time. The caller passes rotating input copies that
     together cover >= 4x L2 (see :func:`copies_for_cold_cache`) so the cache is cold here too.
+    A short spin kernel (``torch.cuda._sleep``) runs before each start event, so the
+    replay is already launched when the events start counting: one replay of 16 short
+    kernels lasts tens of µs, and the graph launch's host latency would be a large part
+    of it.
 
 On CPU samples come from ``time.perf_counter_ns``; ``cold`` there writes and reads a
 buffer of 2x the last-level cache before each sample.
@@ -45,6 +53,15 @@ MODES = ("cold", "hot", "graph")
 DEFAULT_MAX_NOISE = 0.005
 DEFAULT_BUDGET_S = 1.0
 
+#: A hot sample's least length. CPU: perf_counter_ns reads in tens of ns, so 20 µs samples
+#: resolve well. CUDA: each sample carries one launch latency (see the module docstring).
+CPU_MIN_SAMPLE_S = 20e-6
+CUDA_MIN_SAMPLE_S = 1e-3
+
+#: Cycles of the spin kernel before each graph replay's start event: ~100 µs at 2 GHz,
+#: more than a graph launch's host latency.
+_GRAPH_LEAD_CYCLES = 200_000
+
 #: A hard floor under every stopping rule: fewer samples than this give no spread at all.
 _MIN_SAMPLES_FLOOR = 3
 
@@ -64,7 +81,7 @@ class TimingOptions:
     budget_s: float = DEFAULT_BUDGET_S
     max_noise: float = DEFAULT_MAX_NOISE
     warmup_s: float = 0.02
-    min_sample_s: float = 20e-6
+    min_sample_s: float | None = None  # a hot sample's least length; None = 1 ms on CUDA, 20 µs on CPU
     graph_calls: int = 0  # calls captured per graph; 0 = max(copies, 16)
 
     def __post_init__(self) -> None:
@@ -74,6 +91,11 @@ class TimingOptions:
             raise ValueError("need 1 <= min_samples <= max_samples")
         if self.budget_s <= 0 or self.max_noise <= 0:
             raise ValueError("budget_s and max_noise must be positive")
+
+    def resolved_min_sample_s(self, device: str) -> float:
+        if self.min_sample_s is not None:
+            return self.min_sample_s
+        return CUDA_MIN_SAMPLE_S if device.startswith("cuda") else CPU_MIN_SAMPLE_S
 
     def resolved_mode(self, device: str) -> str:
         mode = self.mode or ("cold" if device.startswith("cuda") else "hot")
@@ -132,9 +154,10 @@ def _noise_due(n: int) -> bool:
 
 
 def run_until_stable(
-    take: Callable[[], float], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter
+    take: Callable[[], float], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter, batch: int = 1
 ) -> tuple[list[float], str, float]:
-    """Take samples from ``take`` (seconds each) until the stopping rule says stop.
+    """Take samples from ``take`` (seconds per call each, ``batch`` calls a sample) until
+    the stopping rule says stop; the measured time it counts is the samples' whole length.
 
     Returns (samples, stop reason, elapsed wall seconds). ``clock`` is injectable so the
     rule can be tested against synthetic timers.
@@ -146,7 +169,7 @@ def run_until_stable(
     while True:
         s = take()
         samples.append(s)
-        measured += s
+        measured += s * batch
         n = len(samples)
         if n >= opts.min_samples and _noise_due(n):
             noise = median_rel_noise(samples)
@@ -156,15 +179,17 @@ def run_until_stable(
 
 
 def run_interleaved(
-    takes: Sequence[Callable[[], float]], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter
+    takes: Sequence[Callable[[], float]], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter,
+    batches: Sequence[int] | None = None,
 ) -> tuple[list[list[float]], str, float]:
     """Round-robin A B C A B C ... until every variant meets the rule (or the shared budget).
 
     The budget scales with the number of variants, so interleaving costs what sequential
     timing would. Sample i of every variant is taken in round i (the pairing the paired
-    verdict relies on).
+    verdict relies on). ``batches`` gives each variant's calls per sample (default 1).
     """
     k = len(takes)
+    batches = list(batches) if batches is not None else [1] * k
     shared = replace(opts, budget_s=opts.budget_s * k, max_samples=opts.max_samples)
     all_samples: list[list[float]] = [[] for _ in takes]
     measured = [0.0] * k
@@ -174,7 +199,7 @@ def run_interleaved(
         for i, take in enumerate(takes):
             s = take()
             all_samples[i].append(s)
-            measured[i] += s
+            measured[i] += s * batches[i]
         n = len(all_samples[0])
         if n >= opts.min_samples and _noise_due(n):
             noise = [median_rel_noise(s) for s in all_samples]
@@ -234,19 +259,20 @@ def _flush_buffer(device: str, nbytes: int):
     import torch
 
     buf = _flush_buffers.get(device)
-    if buf is None or buf.numel() * 4 < nbytes:
-        buf = torch.empty(max(1, nbytes // 4), dtype=torch.int32, device=device)
+    if buf is None or buf.numel() * 8 < nbytes:
+        buf = torch.empty(max(1, nbytes // 8), dtype=torch.int64, device=device)
         _flush_buffers[device] = buf
     return buf
 
 
 def _flush_cache(buf, total) -> None:
-    """Write ``buf`` (1-D, 2x the cache), then read it all into the 0-d int64 ``total``:
-    the cache ends up holding clean lines of ``buf`` alone."""
+    """Write ``buf`` (1-D int64, 2x the cache), then read it all into the 0-d int64
+    ``total``: the cache ends up holding clean lines of ``buf`` alone. Both are int64 so
+    the sum reads ``buf`` in place (a sum into a wider type first copies its input)."""
     import torch
 
     buf.zero_()
-    torch.sum(buf, dim=0, dtype=torch.int64, out=total)
+    torch.sum(buf, dim=0, out=total)
 
 
 def _same(x: float) -> float:
@@ -299,7 +325,47 @@ def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
     return int(min(_MAX_BATCH, max(1, math.ceil(min_sample_s * n / t - 1e-9)))), made
 
 
-def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
+def _capture(calls: Sequence[Callable[[], Any]], n: int):
+    """A CUDA graph of ``n`` calls (rotating through ``calls``), captured on a stream of
+    its own. A capture that fails leaves this thread on the stream it was on and the
+    memory it took released, so the rest of the run is unharmed; one that captured no
+    GPU work is refused (replaying it would time nothing)."""
+    import warnings
+
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    cap = torch.cuda.Stream()
+    k = len(calls)
+    try:
+        # the outer stream context restores this thread's stream even when capture_end
+        # raises (torch.cuda.graph's own context is then never exited); thread_local:
+        # another thread's CUDA calls during the capture (NCCL's watchdog polling its
+        # events, a sampling thread) neither break it nor are captured
+        with torch.cuda.stream(cap), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
+                for j in range(n):
+                    calls[j % k]()
+    except Exception as e:  # capture errors are the case's, report them plainly
+        del graph
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - the capture's own error is the one to report
+            pass
+        raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {e}") from e
+    empty = [w for w in caught if "CUDA Graph is empty" in str(w.message)]
+    for w in caught:  # the capture's other warnings are shown as they would have been
+        if w not in empty:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if empty:
+        raise RuntimeError("CUDA graph capture recorded no GPU work (the calls ran on another "
+                           "stream or device, or launch nothing): nothing to replay")
+    return graph
+
+
+def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=None) -> _Sampler:
     import torch
 
     idx = torch.device(device).index  # "cuda" alone means the current device
@@ -310,6 +376,10 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Samp
     notes: list[str] = []
     k = len(calls)
     state = {"i": 0}
+    # several ranks: the GPUs meet (a collective) just before each start event, so no
+    # rank's sample holds the time its GPU waited for the ranks that left the host-side
+    # meeting later
+    ready = meet or (lambda: None)
 
     def elapsed_s() -> float:
         end.synchronize()
@@ -323,18 +393,15 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Samp
             warm = _warm(calls, side.synchronize, 0.0, agreed)
         torch.cuda.current_stream().wait_stream(side)
         n = opts.graph_calls or max(k, 16)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            # thread_local: another thread's CUDA calls during the capture (NCCL's watchdog
-            # polling its events, a sampling thread) neither break it nor are captured
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                for j in range(n):
-                    calls[j % k]()
-        except Exception as e:  # capture errors are the case's, report them plainly
-            raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {e}") from e
+        if n < k:
+            notes.append(f"graph of {n} calls rotates through {n} of the {k} input copies")
+            k = n
+        graph = _capture(calls, n)
         warm += _warm([graph.replay], sync, opts.warmup_s, agreed) * n
 
         def take() -> float:
+            ready()
+            torch.cuda._sleep(_GRAPH_LEAD_CYCLES)
             start.record()
             graph.replay()
             end.record()
@@ -354,6 +421,7 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Samp
             fn = calls[state["i"] % k]
             state["i"] += 1
             _flush_cache(flush, total)
+            ready()
             start.record()
             fn()
             end.record()
@@ -363,16 +431,18 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same) -> _Samp
 
     # hot: a batch of back-to-back calls per sample
     def time_n(n: int) -> float:
+        ready()
         start.record()
         for j in range(n):
             calls[j % k]()
         end.record()
         return elapsed_s()
 
-    batch, sizing = _batch_size(time_n, opts.min_sample_s, agreed)
+    batch, sizing = _batch_size(time_n, opts.resolved_min_sample_s(device), agreed)
     warm += sizing
 
     def take() -> float:
+        ready()
         start.record()
         for j in range(batch):
             calls[(state["i"] + j) % k]()
@@ -403,7 +473,7 @@ def _cpu_sampler(calls, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
                 calls[j % k]()
             return (time.perf_counter_ns() - t0) * 1e-9
 
-        batch, sizing = _batch_size(time_n, opts.min_sample_s, agreed)
+        batch, sizing = _batch_size(time_n, opts.resolved_min_sample_s("cpu"), agreed)
         warm += sizing
 
     def take() -> float:
@@ -428,7 +498,8 @@ def _prepare(calls: Sequence[Callable[[], Any]], device: str, opts: TimingOption
     mode = opts.resolved_mode(device)
     agreed = (lambda x: lockstep.max(x)[0]) if lockstep is not None else _same
     if _is_cuda(device):
-        s = _cuda_sampler(list(calls), device, mode, opts, cache_bytes, agreed)
+        meet = getattr(lockstep, "device_meet", None)
+        s = _cuda_sampler(list(calls), device, mode, opts, cache_bytes, agreed, meet)
     else:
         s = _cpu_sampler(list(calls), mode, opts, cache_bytes, agreed)
     if lockstep is not None:
@@ -466,7 +537,8 @@ def measure(
     s = _prepare(calls, device, opts, cache_bytes, lockstep)
     if lockstep is not None:
         lockstep.begin()
-    samples, reason, elapsed = run_until_stable(s.take, opts, *((lockstep.clock,) if lockstep else ()))
+    clock = lockstep.clock if lockstep is not None else time.perf_counter
+    samples, reason, elapsed = run_until_stable(s.take, opts, clock, s.batch)
     return _measurement(s, device, samples, reason, elapsed)
 
 
@@ -484,6 +556,7 @@ def measure_interleaved(
     samplers = [_prepare(list(c), device, opts, cache_bytes, lockstep) for c in call_sets]
     if lockstep is not None:
         lockstep.begin()
-    all_samples, reason, elapsed = run_interleaved([s.take for s in samplers], opts,
-                                                   *((lockstep.clock,) if lockstep else ()))
+    clock = lockstep.clock if lockstep is not None else time.perf_counter
+    all_samples, reason, elapsed = run_interleaved([s.take for s in samplers], opts, clock,
+                                                   [s.batch for s in samplers])
     return [_measurement(s, device, xs, reason, elapsed) for s, xs in zip(samplers, all_samples)]

@@ -172,6 +172,7 @@ def test_an_in_place_nccl_sum_over_one_rank_is_not_timed_in_a_graph(solo):
 
 def test_lockstep_at_world_one_is_the_plain_engine(solo):
     lock = solo.lockstep()
+    assert lock.device_meet is None  # the GPUs meet only in an NCCL world of several ranks
     m = measure(lambda: sum(range(200)), device="cpu", options=TimingOptions(mode="hot", budget_s=0.05), lockstep=lock)
     assert len(lock.local) == 1 and lock.local[0] == m.samples_s  # one rank: its samples are the slowest's
     assert lock.max(1.0, 2.0) == [1.0, 2.0]

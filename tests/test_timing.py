@@ -167,7 +167,50 @@ def test_the_cuda_flush_writes_then_reads_the_whole_buffer():
     buf.fill_(7)
     total = torch.full((), -1, dtype=torch.int64)
     _flush_cache(buf, total)
-    assert buf.numel() * 4 >= 1 << 12 and int(buf.abs().sum()) == 0 and int(total) == 0
+    assert buf.numel() * 8 >= 1 << 12 and int(buf.abs().sum()) == 0 and int(total) == 0
+
+
+def test_the_flush_reads_its_buffer_in_place():
+    """A sum into a wider type first copies its whole input: the flush would move 3x the
+    bytes it means to and hold a second buffer of 2x the L2."""
+    from microbench.timing import _flush_buffer, _flush_cache
+
+    buf = _flush_buffer("cpu", 1 << 16)
+    total = torch.zeros((), dtype=torch.int64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _flush_cache(buf, total)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::sum" in ops and not ops & {"aten::to", "aten::_to_copy", "aten::copy_"}, ops
+
+
+def _batched_take(clock, per_call_s, batch):
+    """A synthetic sample of ``batch`` calls: the clock moves by the whole batch, the sample
+    returned is per call (as the hot and graph samplers return it)."""
+    rng = np.random.default_rng(5)
+
+    def take() -> float:
+        s = float(per_call_s * rng.lognormal(0.0, 0.001))
+        clock.t += s * batch
+        return s
+    return take
+
+
+def test_min_time_counts_each_sample_whole_not_per_call():
+    # 256 calls of 2 µs a sample: 0.5 ms a sample, so 10 ms of measured time takes 20
+    # samples; counted per call it would take 2000 and end on the budget instead
+    clock = FakeClock()
+    opts = TimingOptions(min_samples=10, min_time_s=0.01, max_noise=0.005, budget_s=1.0)
+    samples, reason, _ = run_until_stable(_batched_take(clock, 2e-6, 256), opts, clock, batch=256)
+    assert reason == "noise" and 19 <= len(samples) <= 21
+    (a, b), reason, _ = run_interleaved([_batched_take(clock, 2e-6, 256), _batched_take(clock, 4e-6, 128)], opts,
+                                        clock, batches=[256, 128])
+    assert reason == "noise" and len(a) == len(b) <= 21
+
+
+def test_cuda_hot_samples_are_longer_than_cpu_ones():
+    assert TimingOptions().resolved_min_sample_s("cuda:0") == 1e-3
+    assert TimingOptions().resolved_min_sample_s("cpu") == 20e-6
+    assert TimingOptions(min_sample_s=5e-5).resolved_min_sample_s("cuda") == 5e-5
 
 
 @pytest.mark.serial
@@ -207,3 +250,74 @@ def test_cuda_modes_agree_on_a_bandwidth_bound_copy():
     assert cold.timer == graph.timer == "cuda-events"
     # 128 MB per copy at >1 TB/s: tens of µs; graph and cold agree within 30%
     assert 0.7 < graph.summary.median / cold.summary.median < 1.3
+
+
+class _FakeCuda:
+    """Just enough of torch.cuda for graph capture: a current stream, stream contexts, and
+    a graph context whose exit (capture_end) fails or warns as asked."""
+
+    def __init__(self, fail: bool = False, empty: bool = False):
+        import contextlib
+        import warnings
+
+        self.current, self.freed = "default", 0
+        fake = self
+
+        @contextlib.contextmanager
+        def stream(s):
+            prev, fake.current = fake.current, s
+            try:
+                yield
+            finally:
+                fake.current = prev
+
+        class Graph:
+            def __init__(self, g, stream=None, capture_error_mode="global"):
+                self.stream = stream
+
+            def __enter__(self):  # torch.cuda.graph: enters its stream, begins the capture
+                self.prev, fake.current = fake.current, self.stream
+                return self
+
+            def __exit__(self, *exc):  # capture_end runs before the stream is restored
+                if fail:
+                    raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+                if empty:
+                    warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted "
+                                  "to be captured on wrong device or stream.")
+                fake.current = self.prev
+                return False
+
+        self.stream, self.graph = stream, Graph
+        self.CUDAGraph, self.Stream = object, lambda: "capture-stream"
+        self.synchronize = lambda: None
+
+    def empty_cache(self):
+        self.freed += 1
+
+    def install(self, monkeypatch):
+        for name in ("stream", "graph", "CUDAGraph", "Stream", "synchronize", "empty_cache"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+
+def test_a_failed_capture_leaves_the_stream_and_memory_as_they_were(monkeypatch):
+    from microbench.timing import _capture
+
+    fake = _FakeCuda(fail=True)
+    fake.install(monkeypatch)
+    calls = []
+    with pytest.raises(RuntimeError, match="CUDA graph capture failed: RuntimeError: CUDA error: operation not"):
+        _capture([lambda: calls.append(fake.current)], 3)
+    assert calls == ["capture-stream"] * 3  # the calls ran inside the capture
+    assert fake.current == "default" and fake.freed == 1
+
+
+def test_a_capture_of_no_gpu_work_is_refused(monkeypatch):
+    from microbench.timing import _capture
+
+    _FakeCuda(empty=True).install(monkeypatch)
+    with pytest.raises(RuntimeError, match="recorded no GPU work"):
+        _capture([lambda: None], 2)
+    ok = _FakeCuda()
+    ok.install(monkeypatch)
+    assert _capture([lambda: None], 2) is not None and ok.current == "default"
