@@ -122,9 +122,11 @@ class DecoderLayerCase(Case):
                    for i in range(n)]
         ins = [layer_inputs(w, t, dt, device, seed + 1000 * i + 2) for i, w in enumerate(weights)]
         cache_bytes = sum(b.kv_cache.numel() * b.kv_cache.element_size() for b in batches)
-        reads = sum(w.nbytes() for w in weights) + cache_bytes
+        # a step reads the experts its tokens chose, not all of them (as moe.experts counts)
+        touched = [int(torch.unique(chosen).numel()) for _, _, chosen in ins]
+        reads = sum(w.nbytes(k) for w, k in zip(weights, touched)) + cache_bytes
         facts = {"layers": n, "tokens": t, "allreduce": "stand-in (one rank: the same bytes moved, no sum)",
-                 "layer_bytes": first.nbytes()}
+                 "layer_bytes": first.nbytes(), "experts_touched": touched[0]}
         return Workload({"xs": [x for x, _, _ in ins], "residuals": [r for _, r, _ in ins], "weights": weights,
                          "batches": batches, "phase": point["phase"], "capture": point["capture"]}, {},
                         Cost(bytes=reads),

@@ -61,7 +61,7 @@ def rank_input(count: int, rank: int, world_size: int, seed: int, dtype: torch.d
                          f"(limit {EXACT_LIMIT[dtype]} ranks)")
     g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + rank)
     x = torch.randint(-v, v + 1, (count,), generator=g, device=device, dtype=torch.int32)
-    x[0] = rank + 1  # never an all-zero input, on any rank
+    x[0] = rank % v + 1  # never an all-zero input, on any rank; in [1, v], so the sum stays exact
     return x.to(dtype)
 
 

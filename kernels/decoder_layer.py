@@ -87,11 +87,20 @@ class LayerWeights:
     shared_w13: Tensor  # [H, 2 * shared_inter]
     shared_w2: Tensor  # [shared_inter, H]
 
-    def nbytes(self) -> int:
+    def nbytes(self, touched: int | None = None) -> int:
+        """Bytes of the layer's weights as the kernels hold them; with ``touched``, of those a
+        step reads: the routed experts only ``touched`` of ``num_experts`` (every expert
+        tensor leads with the expert dimension)."""
         ts = [self.input_norm, self.qkv_a, self.q_a_norm, self.kv_a_norm, self.q_b, self.w_kc, self.w_vc, self.o_proj,
               self.post_norm, self.gate, self.gate_bias, self.shared_w13, self.shared_w2]
         ex = [t for t in (self.experts.w13, self.experts.w2, self.experts.s13, self.experts.s2) if t is not None]
-        return sum(t.numel() * t.element_size() for t in ts + ex)
+        dense = sum(t.numel() * t.element_size() for t in ts)
+        experts = sum(t.numel() * t.element_size() for t in ex)
+        if touched is None:
+            return dense + experts
+        if not 0 <= touched <= self.experts.num_experts:
+            raise ValueError(f"touched: {touched} experts of {self.experts.num_experts}")
+        return dense + experts * touched // self.experts.num_experts
 
 
 @dataclass

@@ -54,14 +54,13 @@ def test_bad_sizes_say_why(text, message):
         parse_bytes(text)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 8])
+@pytest.mark.parametrize("world", [1, 2, 3, 8, 32, 100])  # 32, 100: bf16 sums of rank + 1 alone pass 256
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_integer_inputs_give_an_exact_sum_in_any_order(world, dtype):
     count = 1001  # odd
     xs = [rank_input(count, r, world, 5, dtype, "cpu") for r in range(world)]
     assert all(bool((x != 0).any()) for x in xs) and all(x.dtype == dtype for x in xs)
-    assert all(float(x.float().abs().max()) <= value_range(world, dtype) or r + 1 > value_range(world, dtype)
-               for r, x in enumerate(xs))
+    assert all(float(x.float().abs().max()) <= value_range(world, dtype) for x in xs)
     want = allreduce_ref(count, world, 5, dtype, "cpu")
     forward, backward = torch.zeros(count, dtype=dtype), torch.zeros(count, dtype=dtype)
     for x in xs:  # the partial sums stay exact in the low-precision dtype, in either order

@@ -105,6 +105,16 @@ def test_the_case_gates_both_variants_and_rejects_a_layer_without_its_shared_exp
         ok = by[(phase, "server")]
         assert ok["facts"]["layers"] >= 1 and "per layer" in ok["derived"]
         assert "stand-in" in ok["facts"]["allreduce"]
+        # the bytes a step reads: the routed experts its tokens chose, not every expert
+        from microbench.cases.layer_inputs import layer_shape, layer_weights
+
+        shape = layer_shape(ok["axes"]["layer"])
+        touched = ok["facts"]["experts_touched"]
+        assert shape.top_k <= touched < shape.experts
+        w = layer_weights(shape, ok["axes"]["weights"], torch.float16, "cpu", 0)
+        assert w.nbytes(shape.experts) == w.nbytes() > w.nbytes(touched) > w.nbytes(0)
+        with pytest.raises(ValueError, match="touched"):
+            w.nbytes(shape.experts + 1)
 
 
 @pytest.mark.gpu

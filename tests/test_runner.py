@@ -175,3 +175,25 @@ def test_graph_copies_clone_every_tensor_a_variant_is_handed_and_say_when_they_f
                       "notes": [note]}}
     text = render({"run": {"device": "cuda", "suite": "smoke"}, "fingerprint": {}, "records": [rec]})
     assert "OK [1]" in text and "[1] graph mode: 4 input copies" in text
+
+
+class _FakeWorld:
+    def __init__(self, size):
+        self.size = size
+
+    def agree(self, tag, payload):
+        return [payload] * self.size
+
+    def fatal(self, message):
+        raise SystemExit(message)
+
+
+def test_a_communication_error_stops_every_rank_but_only_fails_a_world_of_one():
+    from microbench.runner import _agreed_outcome
+
+    outcome = {"error": "NCCL watchdog: collective timed out", "dist": True}
+    with pytest.raises(SystemExit, match="rank 0: NCCL watchdog"):
+        _agreed_outcome(_FakeWorld(2), "torch-ip timing", outcome)
+    # one in-process rank cannot fall out of step: the variant fails, the run goes on
+    assert _agreed_outcome(_FakeWorld(1), "torch-ip timing", outcome)["error"] == \
+        "every rank: NCCL watchdog: collective timed out"
