@@ -43,10 +43,11 @@ MAX_LAYERS, MEMORY_SHARE = 4, 0.3
 
 
 def _stack(variant: str):
-    def call(xs, residuals, weights, batches, phase, capture="eager"):
+    def call(xs, residuals, weights, batches, phase, capture="eager", moe_config=None):
         layer = _layer_fn(capture)
         attention, moe = KERNELS[variant]
-        outs = [layer(x, r, w, b, attention="decode" if phase == "decode" else attention, moe=moe)[0]
+        outs = [layer(x, r, w, b, attention="decode" if phase == "decode" else attention, moe=moe,
+                      moe_config=moe_config)[0]
                 for x, r, w, b in zip(xs, residuals, weights, batches)]
         return torch.stack(outs)
 
@@ -111,6 +112,9 @@ class DecoderLayerCase(Case):
 
     def setup(self, point: Point, device: str, seed: int) -> Workload:
         from microbench.cases.layer_inputs import layer_batch, layer_inputs, layer_shape, layer_weights
+        from microbench.cases.moe import device_slug, tuned_configs, tuning_path
+        from microbench.kernels.checks import small_shared
+        from microbench.kernels.moe_common import TuningTable
 
         s, dt = layer_shape(point["layer"]), DTYPES[point["dtype"]]
         q_len = 1 if point["phase"] == "decode" else point["draft_tokens"] + 1
@@ -125,10 +129,14 @@ class DecoderLayerCase(Case):
         # a step reads the experts its tokens chose, not all of them (as moe.experts counts)
         touched = [int(torch.unique(chosen).numel()) for _, _, chosen in ins]
         reads = sum(w.nbytes(k) for w, k in zip(weights, touched)) + cache_bytes
+        # the MoE kernels' tiles as moe.experts times them: this device's tuned table, else defaults
+        tab = TuningTable.load(tuning_path(device), device_slug(device))
+        moe_config, tiles = tuned_configs(tab, s.hidden, s.moe_inter, t, point["weights"], small_shared(device))
         facts = {"layers": n, "tokens": t, "allreduce": "stand-in (one rank: the same bytes moved, no sum)",
-                 "layer_bytes": first.nbytes(), "experts_touched": touched[0]}
+                 "layer_bytes": first.nbytes(), "experts_touched": touched[0], "moe_tiles": tiles}
         return Workload({"xs": [x for x, _, _ in ins], "residuals": [r for _, r, _ in ins], "weights": weights,
-                         "batches": batches, "phase": point["phase"], "capture": point["capture"]}, {},
+                         "batches": batches, "phase": point["phase"], "capture": point["capture"],
+                         "moe_config": moe_config}, {},
                         Cost(bytes=reads),
                         meta={"layers": n}, facts=facts)
 
@@ -154,7 +162,7 @@ class DecoderLayerCase(Case):
                 prof = r.get("profile") or {}
                 if "launches" in prof:
                     d["launches/layer"] = f"{prof['launches'] / n:.0f}"
-                if "host_s" in prof:
+                if "host_s" in prof and r["axes"]["capture"] != "graph":  # profiled eagerly: not a replay's cost
                     d["host/layer"] = fmt_time(prof["host_s"] / n)
                 by_point.setdefault(point(r), {})[r["axes"]["capture"]] = r["timing"]["summary"]["median"] / n
         for r in records:

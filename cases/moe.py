@@ -57,6 +57,17 @@ def _target_slug(profile: Any) -> str:
     return profile.name
 
 
+def tuned_configs(table: Any, hidden: int, inter: int, tokens: int, weights: str,
+                  small: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    """The MoE kernels' tiles for T = ``tokens`` from a :class:`TuningTable` (``{"fused",
+    "w13", "w2"}``: GemmConfig), and where each came from (``{"fused", "few_token"}``)."""
+    fused, src_f = table.lookup("fused", "w13+w2", weights, 2 * inter, hidden, tokens, small)
+    w13, src_1 = table.lookup("few_token", "w13", weights, 2 * inter, hidden, tokens, small)
+    w2, src_2 = table.lookup("few_token", "w2", weights, hidden, inter, tokens, small)
+    return ({"fused": fused, "w13": w13, "w2": w2},
+            {"fused": src_f, "few_token": src_1 if src_1 == src_2 else f"{src_1}/{src_2}"})
+
+
 def tuning_path(device: str) -> str:
     return os.path.join(TUNING_DIR, f"{device_slug(device)}.json")
 
@@ -253,13 +264,10 @@ class MoEExpertsCase(Case):
 
         from microbench.kernels.checks import small_shared
 
-        s, t, kind = moe_shape(point["layout"]), point["tokens"], point["weights"]
-        tab, small = self.table(device), small_shared(device)
-        fused, src_f = tab.lookup("fused", "w13+w2", kind, 2 * s.inter, s.hidden, t, small)
-        w13, src_1 = tab.lookup("few_token", "w13", kind, 2 * s.inter, s.hidden, t, small)
-        w2, src_2 = tab.lookup("few_token", "w2", kind, s.hidden, s.inter, t, small)
-        return ({"fused": fused, "w13": w13, "w2": w2, "remote": s.global_experts != s.experts},
-                {"fused": src_f, "few_token": src_1 if src_1 == src_2 else f"{src_1}/{src_2}"})
+        s = moe_shape(point["layout"])
+        cfg, src = tuned_configs(self.table(device), s.hidden, s.inter, point["tokens"], point["weights"],
+                                 small_shared(device))
+        return {**cfg, "remote": s.global_experts != s.experts}, src
 
     def _expert_weights(self, point: Point, device: str, seed_base: int):
         from microbench.cases.moe_inputs import expert_weights, moe_shape

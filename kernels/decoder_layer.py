@@ -29,7 +29,7 @@ negligible next to them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -145,12 +145,15 @@ def _attention(kind: str, q: Tensor, kv_new: Tensor, batch: LayerBatch) -> Tenso
 
 
 def decoder_layer(x: Tensor, residual: Tensor, w: LayerWeights, batch: LayerBatch, *, attention: str,
-                  moe: str, allreduce: Callable[[Tensor], Any] = stand_in_allreduce) -> tuple[Tensor, Tensor]:
+                  moe: str, allreduce: Callable[[Tensor], Any] = stand_in_allreduce,
+                  moe_config: Mapping[str, Any] | None = None) -> tuple[Tensor, Tensor]:
     """One layer on one rank: x, residual [T, H] -> (the layer's output [T, H], residual).
 
     ``residual`` is updated in place (x + residual, then + the attention output), as the
     fused norms do in servers; ``attention`` in ("decode", "extend", "verify"), ``moe`` in
-    ("fused", "few_token"); ``allreduce(t)`` sums t in place across the TP ranks."""
+    ("fused", "few_token"); ``allreduce(t)`` sums t in place across the TP ranks;
+    ``moe_config`` the MoE kernels' tiles ({"fused", "w13", "w2"}: GemmConfig), each
+    missing one the kernel's default."""
     from microbench.kernels.moe_routing import route
     from microbench.kernels.rmsnorm import rmsnorm
 
@@ -175,14 +178,15 @@ def decoder_layer(x: Tensor, residual: Tensor, w: LayerWeights, batch: LayerBatc
     h2 = rmsnorm(o, w.post_norm, s.eps, residual=residual)
     topk_w, topk_ids = route(h2, w.gate, w.gate_bias, top_k=s.top_k, n_group=s.n_group, topk_group=s.topk_group,
                              routed_scaling_factor=s.scaling)
+    cfg = moe_config or {}
     if moe == "fused":
         from microbench.kernels.moe_fused import fused_moe
 
-        y = fused_moe(h2, w.experts, topk_w, topk_ids)
+        y = fused_moe(h2, w.experts, topk_w, topk_ids, config=cfg.get("fused"))
     else:
         from microbench.kernels.moe_few_token import few_token_moe
 
-        y = few_token_moe(h2, w.experts, topk_w, topk_ids)
+        y = few_token_moe(h2, w.experts, topk_w, topk_ids, config_w13=cfg.get("w13"), config_w2=cfg.get("w2"))
     gu = h2 @ w.shared_w13
     y = y + (torch.nn.functional.silu(gu[:, : s.shared_inter]) * gu[:, s.shared_inter:]) @ w.shared_w2
     allreduce(y)

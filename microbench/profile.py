@@ -23,8 +23,9 @@ HOST_REPS = 5
 
 
 def profile_call(fn: Callable[[], Any]) -> dict[str, Any]:
-    """``{"launches": int, "host_s": float}`` of ``fn`` on the current CUDA device, or
-    ``{"profile_error": text}`` when the profiler is unavailable (never raises)."""
+    """``{"launches": int, "host_s": float}`` of ``fn`` (which launches GPU work) on the
+    current CUDA device, ``profile_error`` in place of ``launches`` when the profiler is
+    unavailable or records nothing (never raises)."""
     import torch
 
     out: dict[str, Any] = {}
@@ -36,7 +37,11 @@ def profile_call(fn: Callable[[], Any]) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        out["launches"] = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+        launches = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+        if launches:
+            out["launches"] = launches
+        else:  # the profiled calls all launch kernels: an empty trace is CUPTI's failure
+            out["profile_error"] = "the profiler recorded no GPU activity (CUPTI did not attach): launches unknown"
     except Exception as e:  # noqa: BLE001 - a missing profiler costs the column, not the run
         out["profile_error"] = f"{type(e).__name__}: {e}"
     torch.cuda.synchronize()

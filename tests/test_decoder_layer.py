@@ -81,7 +81,7 @@ FAST = TimingOptions(budget_s=0.05, max_noise=0.5)
 def test_the_case_gates_both_variants_and_rejects_a_layer_without_its_shared_expert():
     class Broken(DecoderLayerCase):
         def variants(self):
-            def no_shared(xs, residuals, weights, batches, phase, capture="eager"):
+            def no_shared(xs, residuals, weights, batches, phase, capture="eager", moe_config=None):
                 import microbench.kernels.decoder_layer as dl
 
                 outs = []
@@ -89,7 +89,7 @@ def test_the_case_gates_both_variants_and_rejects_a_layer_without_its_shared_exp
                     zero = torch.zeros_like(w.shared_w2)
                     w2 = dl.LayerWeights(**{**w.__dict__, "shared_w2": zero})
                     outs.append(dl.decoder_layer(x, r, w2, b, attention="decode" if phase == "decode" else "extend",
-                                                 moe="fused")[0])
+                                                 moe="fused", moe_config=moe_config)[0])
                 return torch.stack(outs)
 
             return [*super().variants(), Variant("no_shared", no_shared)]
@@ -111,6 +111,7 @@ def test_the_case_gates_both_variants_and_rejects_a_layer_without_its_shared_exp
         shape = layer_shape(ok["axes"]["layer"])
         touched = ok["facts"]["experts_touched"]
         assert shape.top_k <= touched < shape.experts
+        assert set(ok["facts"]["moe_tiles"]) == {"fused", "few_token"}  # tuned, or the defaults, and which
         w = layer_weights(shape, ok["axes"]["weights"], torch.float16, "cpu", 0)
         assert w.nbytes(shape.experts) == w.nbytes() > w.nbytes(touched) > w.nbytes(0)
         with pytest.raises(ValueError, match="touched"):

@@ -197,3 +197,20 @@ def test_a_communication_error_stops_every_rank_but_only_fails_a_world_of_one():
     # one in-process rank cannot fall out of step: the variant fails, the run goes on
     assert _agreed_outcome(_FakeWorld(1), "torch-ip timing", outcome)["error"] == \
         "every rank: NCCL watchdog: collective timed out"
+
+
+def test_a_profile_that_records_no_gpu_activity_says_so_instead_of_zero_launches(monkeypatch):
+    import torch
+
+    import contextlib
+
+    from microbench.profile import profile_call
+
+    class Empty:  # the trace of a CUPTI that did not attach
+        def events(self):
+            return []
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext(Empty()))
+    out = profile_call(lambda: torch.ones(8) + 1)
+    assert "launches" not in out and "no GPU activity" in out["profile_error"] and out["host_s"] > 0
