@@ -48,6 +48,10 @@ def run_on_ranks(a: argparse.Namespace, suite: str, device_kind: str, cases: Seq
     status of torchrun (0 when every rank finished)."""
     from microbench.distributed import torchrun_command
 
+    if device_kind == "cuda":  # this process's cached blocks would sit on rank 0's GPU meanwhile
+        import torch
+
+        torch.cuda.empty_cache()
     with tempfile.TemporaryDirectory(prefix="microbench-ranks-") as tmp:
         cmd = torchrun_command(nproc, child_argv(a, suite, device_kind, cases, opts, tmp))
         print(f"microbench run: {len(cases)} multi-rank case(s) on {nproc} ranks: {shlex.join(cmd)}",
