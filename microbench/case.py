@@ -72,7 +72,7 @@ class Workload:
         (a launch, an 8-byte allreduce) get the most copies and no note: no copies make
         them cold, nor does their cache state weigh.
         """
-        from microbench.timing import COLD_FACTOR, MAX_COPIES, copies_for_cold_cache, fallback_cache_bytes
+        from microbench.samplers import COLD_FACTOR, MAX_COPIES, copies_for_cold_cache, fallback_cache_bytes
 
         copies, note = [self], None
         if mode == "graph":

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from microbench.timing import (TimingOptions, _batch_size, copies_for_cold_cache, measure, measure_interleaved,
-                               run_interleaved, run_until_stable, stop_reason)
+from microbench.samplers import _batch_size, copies_for_cold_cache
+from microbench.timing import (TimingOptions, measure, measure_interleaved, run_interleaved, run_until_stable,
+                               stop_reason)
 
 
 class FakeClock:
@@ -161,7 +162,7 @@ def test_cpu_cold_mode_flushes_and_times_one_call_per_sample():
 def test_the_cuda_flush_writes_then_reads_the_whole_buffer():
     """The cold flush's two passes (the same torch calls run on the GPU): every element is
     written and then summed, into the preallocated scalar."""
-    from microbench.timing import _flush_buffer, _flush_cache
+    from microbench.samplers import _flush_buffer, _flush_cache
 
     buf = _flush_buffer("cpu", 1 << 12)
     buf.fill_(7)
@@ -173,7 +174,7 @@ def test_the_cuda_flush_writes_then_reads_the_whole_buffer():
 def test_the_flush_reads_its_buffer_in_place():
     """A sum into a wider type first copies its whole input: the flush would move 3x the
     bytes it means to and hold a second buffer of 2x the L2."""
-    from microbench.timing import _flush_buffer, _flush_cache
+    from microbench.samplers import _flush_buffer, _flush_cache
 
     buf = _flush_buffer("cpu", 1 << 16)
     total = torch.zeros((), dtype=torch.int64)
@@ -301,7 +302,7 @@ class _FakeCuda:
 
 
 def test_a_failed_capture_leaves_the_stream_and_memory_as_they_were(monkeypatch):
-    from microbench.timing import _capture
+    from microbench.samplers import _capture
 
     fake = _FakeCuda(fail=True)
     fake.install(monkeypatch)
@@ -313,7 +314,7 @@ def test_a_failed_capture_leaves_the_stream_and_memory_as_they_were(monkeypatch)
 
 
 def test_a_capture_of_no_gpu_work_is_refused(monkeypatch):
-    from microbench.timing import _capture
+    from microbench.samplers import _capture
 
     _FakeCuda(empty=True).install(monkeypatch)
     with pytest.raises(RuntimeError, match="recorded no GPU work"):

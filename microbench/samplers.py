@@ -1,0 +1,294 @@
+"""The samplers behind :func:`microbench.timing.measure`: one per device kind and mode
+(see that module for what each mode times), each a ``take()`` returning one sample's
+per-call seconds, after warm-up, batch sizing and (graph mode) capture."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+#: Used when the L2 (or CPU last-level cache) size is unknown: larger than any current
+#: GPU L2 (H200: 60 MB, RTX PRO 6000 Blackwell: 128 MB), so flushing still flushes.
+_FALLBACK_CACHE_BYTES = 128 * 1024 * 1024
+
+#: Cycles of the spin kernel before each graph replay's start event: ~100 µs at 2 GHz,
+#: more than a graph launch's host latency.
+_GRAPH_LEAD_CYCLES = 200_000
+
+@dataclass
+class _Sampler:
+    take: Callable[[], float]
+    mode: str
+    timer: str
+    batch: int
+    copies: int
+    warmup_calls: int
+    flush_bytes: int
+    notes: list[str]
+
+
+def _is_cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+#: Graph mode's rotating copies cover this many times the cache, with at most this many
+#: copies (a few-byte input cannot be made cold by copies, nor does its cache state matter).
+COLD_FACTOR = 4
+MAX_COPIES = 256
+
+
+def fallback_cache_bytes() -> int:
+    """The cache size assumed where the device's is unknown."""
+    return _FALLBACK_CACHE_BYTES
+
+
+def copies_for_cold_cache(working_set_bytes: int, cache_bytes: int | None, factor: int = COLD_FACTOR,
+                          max_copies: int = MAX_COPIES, max_total_bytes: int = 4 << 30) -> int:
+    """Input copies needed so rotating through them touches ``factor`` x the cache."""
+    cache = cache_bytes or _FALLBACK_CACHE_BYTES
+    if working_set_bytes <= 0:
+        return 1
+    want = math.ceil(factor * cache / working_set_bytes)
+    afford = max(1, max_total_bytes // working_set_bytes)
+    return max(1, min(want, max_copies, afford))
+
+
+_flush_buffers: dict[str, Any] = {}
+
+
+def _flush_buffer(device: str, nbytes: int):
+    import torch
+
+    buf = _flush_buffers.get(device)
+    if buf is None or buf.numel() * 8 < nbytes:
+        buf = torch.empty(max(1, nbytes // 8), dtype=torch.int64, device=device)
+        _flush_buffers[device] = buf
+    return buf
+
+
+def _flush_cache(buf, total) -> None:
+    """Write ``buf`` (1-D int64, 2x the cache), then read it all into the 0-d int64
+    ``total``: the cache ends up holding clean lines of ``buf`` alone. Both are int64 so
+    the sum reads ``buf`` in place (a sum into a wider type first copies its input)."""
+    import torch
+
+    buf.zero_()
+    torch.sum(buf, dim=0, out=total)
+
+
+def _same(x: float) -> float:
+    return x
+
+
+def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s: float,
+          agreed: Callable[[float], float] = _same) -> int:
+    # The first call of each copy compiles / autotunes / allocates; then warm by time so
+    # clocks ramp up and caches of the allocator settle. With several ranks the elapsed
+    # time is agreed (the slowest rank's), so every rank makes the same number of calls.
+    for fn in calls:
+        fn()
+    sync()
+    n = len(calls)
+    t0 = time.perf_counter()
+    while agreed(time.perf_counter() - t0) < warmup_s:
+        calls[n % len(calls)]()
+        n += 1
+        sync()
+    return n
+
+
+_MAX_BATCH = 1000
+
+
+def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
+                agreed: Callable[[float], float] = _same) -> tuple[int, int]:
+    """(calls per hot sample, so that a sample lasts at least ``min_sample_s``; the calls
+    made to find it out, which count as warm-up).
+
+    ``time_n(n)`` times n back-to-back calls. The run length doubles until one run lasts
+    ``min_sample_s`` (timeit's autorange), and unless a single call already lasts twice
+    that, the batch is sized from the best of three runs of that length. One call's time
+    alone is a poor estimate: one preempted call made a batch 10x too small. With several
+    ranks each run's time is agreed, so every rank makes the same calls.
+    """
+    n = 1
+    t = agreed(time_n(n))
+    made = n
+    while t < min_sample_s and n < _MAX_BATCH:
+        n *= 2
+        t = agreed(time_n(n))
+        made += n
+    if n > 1 or t < 2 * min_sample_s:
+        t = min(t, *(agreed(time_n(n)) for _ in range(2)))
+        made += 2 * n
+    if t <= 0:
+        return _MAX_BATCH, made
+    return int(min(_MAX_BATCH, max(1, math.ceil(min_sample_s * n / t - 1e-9)))), made
+
+
+def _capture(calls: Sequence[Callable[[], Any]], n: int):
+    """A CUDA graph of ``n`` calls (rotating through ``calls``), captured on a stream of
+    its own. A capture that fails leaves this thread on the stream it was on and the
+    memory it took released, so the rest of the run is unharmed; one that captured no
+    GPU work is refused (replaying it would time nothing)."""
+    import warnings
+
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    cap = torch.cuda.Stream()
+    k = len(calls)
+    try:
+        # the outer stream context restores this thread's stream even when capture_end
+        # raises (torch.cuda.graph's own context is then never exited); thread_local:
+        # another thread's CUDA calls during the capture (NCCL's watchdog polling its
+        # events, a sampling thread) neither break it nor are captured
+        with torch.cuda.stream(cap), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
+                for j in range(n):
+                    calls[j % k]()
+    except Exception as e:  # capture errors are the case's, report them plainly
+        del graph
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - the capture's own error is the one to report
+            pass
+        raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {e}") from e
+    empty = [w for w in caught if "CUDA Graph is empty" in str(w.message)]
+    for w in caught:  # the capture's other warnings are shown as they would have been
+        if w not in empty:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if empty:
+        raise RuntimeError("CUDA graph capture recorded no GPU work (the calls ran on another "
+                           "stream or device, or launch nothing): nothing to replay")
+    return graph
+
+
+def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=None) -> _Sampler:
+    import torch
+
+    idx = torch.device(device).index  # "cuda" alone means the current device
+    if idx is not None:
+        torch.cuda.set_device(idx)
+    sync = torch.cuda.synchronize
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    notes: list[str] = []
+    k = len(calls)
+    state = {"i": 0}
+    # several ranks: the GPUs meet (a collective) just before each start event, so no
+    # rank's sample holds the time its GPU waited for the ranks that left the host-side
+    # meeting later
+    ready = meet or (lambda: None)
+
+    def elapsed_s() -> float:
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
+
+    if mode == "graph":
+        # Warm up (compile) on a side stream before capture, as CUDA graphs require.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            warm = _warm(calls, side.synchronize, 0.0, agreed)
+        torch.cuda.current_stream().wait_stream(side)
+        n = opts.graph_calls or max(k, 16)
+        if n < k:
+            notes.append(f"graph of {n} calls rotates through {n} of the {k} input copies")
+            k = n
+        graph = _capture(calls, n)
+        warm += _warm([graph.replay], sync, opts.warmup_s, agreed) * n
+
+        def take() -> float:
+            ready()
+            torch.cuda._sleep(_GRAPH_LEAD_CYCLES)
+            start.record()
+            graph.replay()
+            end.record()
+            return elapsed_s() / n
+
+        return _Sampler(take, mode, "cuda-events", n, k, warm, 0, notes)
+
+    warm = _warm(calls, sync, opts.warmup_s, agreed)
+    if mode == "cold":
+        nbytes = 2 * (cache_bytes or _FALLBACK_CACHE_BYTES)
+        if not cache_bytes:
+            notes.append("L2 size unknown: flushed 2x128 MiB")
+        flush = _flush_buffer(device, nbytes)
+        total = torch.zeros((), dtype=torch.int64, device=device)
+
+        def take() -> float:
+            fn = calls[state["i"] % k]
+            state["i"] += 1
+            _flush_cache(flush, total)
+            ready()
+            start.record()
+            fn()
+            end.record()
+            return elapsed_s()
+
+        return _Sampler(take, mode, "cuda-events", 1, k, warm, nbytes, notes)
+
+    # hot: a batch of back-to-back calls per sample
+    def time_n(n: int) -> float:
+        ready()
+        start.record()
+        for j in range(n):
+            calls[j % k]()
+        end.record()
+        return elapsed_s()
+
+    batch, sizing = _batch_size(time_n, opts.resolved_min_sample_s(device), agreed)
+    warm += sizing
+
+    def take() -> float:
+        ready()
+        start.record()
+        for j in range(batch):
+            calls[(state["i"] + j) % k]()
+        end.record()
+        state["i"] += batch
+        return elapsed_s() / batch
+
+    return _Sampler(take, mode, "cuda-events", batch, k, warm, 0, notes)
+
+
+def _cpu_sampler(calls, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
+    import numpy as np
+
+    k = len(calls)
+    state = {"i": 0}
+    notes: list[str] = []
+    warm = _warm(calls, lambda: None, opts.warmup_s, agreed)
+    flush = None
+    nbytes = 0
+    if mode == "cold":
+        nbytes = 2 * (cache_bytes or _FALLBACK_CACHE_BYTES)
+        flush = np.empty(nbytes // 8, dtype=np.int64)
+        batch = 1
+    else:
+        def time_n(n: int) -> float:
+            t0 = time.perf_counter_ns()
+            for j in range(n):
+                calls[j % k]()
+            return (time.perf_counter_ns() - t0) * 1e-9
+
+        batch, sizing = _batch_size(time_n, opts.resolved_min_sample_s("cpu"), agreed)
+        warm += sizing
+
+    def take() -> float:
+        if flush is not None:
+            flush.fill(state["i"])
+            flush.sum()
+        i = state["i"]
+        t = time.perf_counter_ns()
+        for j in range(batch):
+            calls[(i + j) % k]()
+        dt = time.perf_counter_ns() - t
+        state["i"] = i + batch
+        return dt * 1e-9 / batch
+
+    return _Sampler(take, mode, "perf_counter_ns", batch, k, warm, nbytes, notes)
