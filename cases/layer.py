@@ -55,9 +55,10 @@ def _stack(variant: str):
 
 
 class DecoderLayerCase(Case):
-    """Variant signature: fn(xs, residuals, weights, batches, phase, capture) -> out [layers, T, H];
-    xs, residuals: per layer [T, H] (residuals updated in place); weights: per layer
-    LayerWeights; batches: per layer LayerBatch; phase "decode" | "verify"."""
+    """Variant signature: fn(xs, residuals, weights, batches, phase, capture, moe_config) -> out
+    [layers, T, H]; xs, residuals: per layer [T, H] (residuals updated in place); weights: per
+    layer LayerWeights; batches: per layer LayerBatch; phase "decode" | "verify"; moe_config
+    the MoE kernels' tiles for this device ({"fused", "w13", "w2"}: GemmConfig)."""
 
     id = "layer.decoder"
     title = "a whole decoder layer per rank: eager vs graph replay, decode vs verify"

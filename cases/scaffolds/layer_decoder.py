@@ -1,11 +1,12 @@
 """A starting point for layer.decoder: the whole layer, with the shared expert's SiLU-and-mul in this file's kernel.
 
-Signature (microbench list --case layer.decoder): fn(xs, residuals, weights, batches, phase, capture="eager")
-  -> out [layers, T, H]. Per layer: xs[i], residuals[i] [T, H] (residuals[i] updated in place:
+Signature (microbench list --case layer.decoder): fn(xs, residuals, weights, batches, phase, capture="eager",
+  moe_config=None) -> out [layers, T, H]. Per layer: xs[i], residuals[i] [T, H] (residuals[i] updated in place:
   x + residual, then + the attention output), weights[i] a LayerWeights, batches[i] a LayerBatch
   (microbench.kernels.decoder_layer); phase "decode" (one new token per request) | "verify"
-  (draft tokens + 1 per request). The harness does the graph capture (capture="graph"): the
-  function runs the same in every capture mode.
+  (draft tokens + 1 per request); moe_config the MoE kernels' tuned tiles for this device
+  ({"fused", "w13", "w2"}: GemmConfig; the defaults where the table has none). The harness
+  does the graph capture (capture="graph"): the function runs the same in every capture mode.
 
 The layer below is microbench/kernels/decoder_layer.py's forward, spelled out so each step can
 be changed: the project's Triton kernels for the norms, the routing, the attention (decode
@@ -54,7 +55,7 @@ def _silu_and_mul(gu):
     return out
 
 
-def _layer(x, residual, w, batch, phase):
+def _layer(x, residual, w, batch, phase, moe_config):
     """One layer on one rank: x, residual [T, H] -> the layer's output [T, H]; residual updated."""
     s = w.shape
     t = x.shape[0]
@@ -76,11 +77,12 @@ def _layer(x, residual, w, batch, phase):
     h2 = rmsnorm(o, w.post_norm, s.eps, residual=residual)  # residual <- o + residual
     topk_w, topk_ids = route(h2, w.gate, w.gate_bias, top_k=s.top_k, n_group=s.n_group, topk_group=s.topk_group,
                              routed_scaling_factor=s.scaling)
-    y = fused_moe(h2, w.experts, topk_w, topk_ids)
+    y = fused_moe(h2, w.experts, topk_w, topk_ids, config=moe_config["fused"])
     y = y + _silu_and_mul(h2 @ w.shared_w13) @ w.shared_w2  # the shared expert
     stand_in_allreduce(y)
     return y
 
 
-def my_decoder(xs, residuals, weights, batches, phase, capture="eager"):
-    return torch.stack([_layer(x, r, w, b, phase) for x, r, w, b in zip(xs, residuals, weights, batches)])
+def my_decoder(xs, residuals, weights, batches, phase, capture="eager", moe_config=None):
+    return torch.stack([_layer(x, r, w, b, phase, moe_config or {"fused": None})
+                        for x, r, w, b in zip(xs, residuals, weights, batches)])
