@@ -55,7 +55,7 @@ def _silu_and_mul(gu):
     return out
 
 
-def _layer(x, residual, w, batch, phase, moe_config):
+def _layer(x, residual, w, batch, phase, fused_config):
     """One layer on one rank: x, residual [T, H] -> the layer's output [T, H]; residual updated."""
     s = w.shape
     t = x.shape[0]
@@ -77,12 +77,12 @@ def _layer(x, residual, w, batch, phase, moe_config):
     h2 = rmsnorm(o, w.post_norm, s.eps, residual=residual)  # residual <- o + residual
     topk_w, topk_ids = route(h2, w.gate, w.gate_bias, top_k=s.top_k, n_group=s.n_group, topk_group=s.topk_group,
                              routed_scaling_factor=s.scaling)
-    y = fused_moe(h2, w.experts, topk_w, topk_ids, config=moe_config["fused"])
+    y = fused_moe(h2, w.experts, topk_w, topk_ids, config=fused_config)
     y = y + _silu_and_mul(h2 @ w.shared_w13) @ w.shared_w2  # the shared expert
     stand_in_allreduce(y)
     return y
 
 
 def my_decoder(xs, residuals, weights, batches, phase, capture="eager", moe_config=None):
-    return torch.stack([_layer(x, r, w, b, phase, moe_config or {"fused": None})
-                        for x, r, w, b in zip(xs, residuals, weights, batches)])
+    fused = (moe_config or {}).get("fused")
+    return torch.stack([_layer(x, r, w, b, phase, fused) for x, r, w, b in zip(xs, residuals, weights, batches)])
