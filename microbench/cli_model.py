@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def cmd_model(a: argparse.Namespace) -> int:
     import json as _json
 
     from microbench.budget import MODES, Scenario, budget, render
-    from microbench.hardware import load_profile
     from microbench.measured import Measured
     from microbench.models import ParallelLayout, load_model
     from microbench.cli import UsageError
@@ -20,11 +20,14 @@ def cmd_model(a: argparse.Namespace) -> int:
         measured = Measured(a.results or [])
     except ResultError as e:
         raise UsageError(str(e)) from None
-    s = Scenario(model=load_model(a.model), layout=ParallelLayout(a.tp, a.ep), hw=load_profile(a.hardware),
+    hw, hw_note = _profile(a.hardware, measured)
+    s = Scenario(model=load_model(a.model), layout=ParallelLayout(a.tp, a.ep), hw=hw,
                  batch=a.batch, context=a.context, draft_tokens=a.draft_tokens,
                  accept_len=a.accept_len if a.accept_len is not None else float(a.draft_tokens),
                  attention=a.attention, moe=a.moe, draft_s=None if a.draft_ms is None else a.draft_ms * 1e-3)
     b = budget(s, measured)
+    if hw_note:
+        b.notes.append(hw_note)
     if a.plot:
         from microbench.plots import PlotError, plot_budget
 
@@ -40,6 +43,29 @@ def cmd_model(a: argparse.Namespace) -> int:
     return 0
 
 
+#: the profile ``--hardware auto`` falls back to when no result file names a shipped one
+DEFAULT_PROFILE = "h200"
+
+
+def _profile(name: str, measured) -> tuple[Any, str | None]:
+    """``--hardware``: a profile by name or path; ``auto``, the shipped profile of the GPU the
+    result files ran on (roofline lines on one GPU's ceilings beside another's measured lines
+    would mix two machines), else h200. Returns it and, when auto chose, a note saying why."""
+    from microbench.hardware import load_profile, profile_for_device_name
+
+    if name != "auto":
+        return load_profile(name), None
+    gpus = measured.gpus
+    prof = profile_for_device_name(gpus[0]) if gpus else None
+    if prof is not None:
+        why = f"the GPU of the results, {gpus[0]}"
+    else:
+        prof = load_profile(DEFAULT_PROFILE)
+        why = f"no shipped profile matches {gpus[0]}" if gpus else "no GPU result file given"
+    more = f"; the result files ran on {len(gpus)} GPUs ({', '.join(gpus)}), the first decides" if len(gpus) > 1 else ""
+    return prof, f"hardware profile {prof.name} (--hardware auto: {why}{more})"
+
+
 def add_parser(sub) -> None:
     mo = sub.add_parser("model", help="compose component times into decode and verify step budgets",
                         description="Per-layer and per-step time of one rank for decode and for the verify step "
@@ -50,8 +76,9 @@ def add_parser(sub) -> None:
     mo.add_argument("--model", default="kimi-k2.5", help="a shipped model or a config.json path (default kimi-k2.5)")
     mo.add_argument("--tp", type=int, default=8, help="tensor-parallel size (default 8)")
     mo.add_argument("--ep", type=int, default=1, help="expert-parallel size: 1 or --tp (default 1)")
-    mo.add_argument("--hardware", default="h200", help="a shipped profile (h200, rtx-pro-6000: a unique prefix "
-                    "is enough) or a profile JSON path (default h200)")
+    mo.add_argument("--hardware", default="auto", help="a shipped profile (h100, h200, rtx-pro-6000: a unique "
+                    "prefix is enough), a profile JSON path, or auto (default): the profile of the GPU the --results "
+                    f"files ran on, else {DEFAULT_PROFILE}")
     mo.add_argument("--batch", type=int, default=1, help="requests per step (default 1)")
     mo.add_argument("--context", type=int, default=4096, help="tokens of context per request (default 4096)")
     mo.add_argument("--draft-tokens", type=int, default=3,

@@ -355,6 +355,8 @@ def format_fingerprint(fp: dict[str, Any]) -> str:
                 else f"none ({git.get('error', 'unknown')})")]
     if dev.get("cuda") != "available":
         summary.append(("cuda", str(dev.get("cuda", "unknown"))))
+    elif isinstance(dev.get("name"), str):
+        summary.append(("profile", _profile_text(dev["name"])))
     if not nv.get("available"):
         summary.append(("nvml", str(nv.get("reason"))))
     for key in ("cupy", "nccl"):
@@ -365,6 +367,20 @@ def format_fingerprint(fp: dict[str, Any]) -> str:
         if name != "fingerprint_version":
             blocks.append(f"[{name}]\n" + _aligned(_flat(sec), indent="  "))
     return "\n\n".join(blocks)
+
+
+def _profile_text(gpu: str) -> str:
+    """Which shipped hardware profile a GPU's tables fall back to for "% of floor" (the
+    run's own measured ceilings come first)."""
+    from microbench.hardware import profile_for_device_name
+
+    try:
+        prof = profile_for_device_name(gpu)
+    except Exception as e:  # noqa: BLE001 - a broken profile file must not break the fingerprint
+        return f"unavailable: {_why(e)}"
+    if prof is None:
+        return "none matches this GPU: % of floor comes from the run's measured ceilings alone"
+    return f"{prof.name} ({prof.description})"
 
 
 def _aligned(rows: list[tuple[str, str]], indent: str = "") -> str:

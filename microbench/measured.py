@@ -33,6 +33,8 @@ class Measured:
     def __init__(self, docs: Sequence[Any]):
         self.records: list[tuple[dict[str, Any], str]] = []
         self.notes: list[str] = []
+        #: the GPU names (fingerprint ``device.name``) of the files used, in order, once each
+        self.gpus: list[str] = []
         for d in docs:
             doc = load(d) if isinstance(d, (str, os.PathLike)) else d
             name = os.path.basename(str(d)) if isinstance(d, (str, os.PathLike)) else doc["run"].get("id", "result")
@@ -43,6 +45,8 @@ class Measured:
             gpu = ((doc.get("fingerprint") or {}).get("device") or {}).get("name") or device
             ok = [r for r in doc["records"] if r.get("status") == "OK" and r.get("timing")]
             self.records += [(r, f"{name} on {gpu}") for r in ok]
+            if gpu not in self.gpus:
+                self.gpus.append(gpu)
             self.notes.append(f"{name}: {len(ok)} OK records from {gpu}")
 
     def _find(self, case: str, variant: str | None, **axes: Any) -> _Hit | None:

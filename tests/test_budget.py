@@ -162,6 +162,37 @@ def test_the_cli_json_and_one_mode(capsys):
     assert "graph (us)" in out and "eager (us)" not in out
 
 
+def _write_doc(tmp_path, name, gpu):
+    doc = _gpu_doc([_rec("calibration.launch", "torch_tiny_op", {"grid": 1, "capture": "eager"}, 7e-6)])
+    doc["fingerprint"]["device"]["name"] = gpu
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize(("gpus", "profile", "why"), [
+    ([], "h200-sxm", "no GPU result file given"),
+    (["NVIDIA H100 80GB HBM3"], "h100-sxm", "the GPU of the results, NVIDIA H100 80GB HBM3"),
+    (["NVIDIA H200"], "h200-sxm", "the GPU of the results"),
+    (["NVIDIA A100-SXM4-80GB"], "h200-sxm", "no shipped profile matches NVIDIA A100-SXM4-80GB"),
+    (["NVIDIA H100 80GB HBM3", "NVIDIA H200"], "h100-sxm", "ran on 2 GPUs (NVIDIA H100 80GB HBM3, NVIDIA H200), "
+                                                           "the first decides"),
+])
+def test_the_hardware_follows_the_results_gpu(capsys, tmp_path, gpus, profile, why):
+    """--hardware auto (the default): the roofline lines use the ceilings of the GPU the
+    measured lines ran on, and the table says which profile and why."""
+    files = [a for i, g in enumerate(gpus) for a in ("--results", _write_doc(tmp_path, f"r{i}.json", g))]
+    assert main(["model", *files, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["scenario"]["hardware"] == profile
+    note = next(n for n in d["notes"] if n.startswith("hardware profile"))
+    assert note.startswith(f"hardware profile {profile} (--hardware auto: ") and why in note
+    assert main(["model", *files, "--hardware", "rtx-pro-6000", "--json"]) == 0  # named: no note
+    d = json.loads(capsys.readouterr().out)
+    assert d["scenario"]["hardware"] == "rtx-pro-6000-blackwell"
+    assert not any(n.startswith("hardware profile") for n in d["notes"])
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--accept-len", "0.5"], "--accept-len 0.5: must lie in [1, draft tokens + 1] = [1, 4]"),
     (["--accept-len", "5"], "must lie in [1, draft tokens + 1]"),

@@ -354,7 +354,13 @@ def test_format_fingerprint_of_gpu_and_broken_sections():
           "software": "unavailable: boom", "git": {"commit": "a" * 40, "short": "a" * 12, "dirty": True}}
     text = env.format_fingerprint(fp)
     assert re.search(r"^device:\s+cuda:0 — NVIDIA H200$", text, re.M)
+    assert re.search(r"^profile:\s+h200-sxm \(NVIDIA H200 SXM", text, re.M)  # the % of floor fallback
     assert re.search(r"^git:\s+a{12} \(dirty\)$", text, re.M)
+    fp["device"]["name"] = "NVIDIA H100 80GB HBM3"
+    assert re.search(r"^profile:\s+h100-sxm \(", env.format_fingerprint(fp), re.M)
+    fp["device"]["name"] = "NVIDIA A100-SXM4-80GB"
+    assert re.search(r"^profile:\s+none matches this GPU: % of floor comes from the run's measured ceilings alone$",
+                     env.format_fingerprint(fp), re.M)
     assert re.search(r"^\s+gpu\.sm_clock_mhz:\s+1980$", text, re.M)
     assert re.search(r"^\s+gpu\.throttle_reasons:\s+none$", text, re.M)
     assert "unavailable: boom" in text and not re.search(r"^(nvml|cuda):", text, re.M)

@@ -256,7 +256,7 @@ def test_layout_rejects_non_positive(tp, ep) -> None:
 # Hardware profiles
 # --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["h200-sxm", "rtx-pro-6000-blackwell"])
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "rtx-pro-6000-blackwell"])
 def test_profiles_load_with_sources(name: str) -> None:
     p = load_profile(name)
     assert isinstance(p, HardwareProfile) and p.name == name and p.match
@@ -277,11 +277,17 @@ def test_profile_figures() -> None:
     assert h200.measured["copy_bandwidth"].value == 4.3e12
     assert rtx.interconnect["kind"] == "pcie" and rtx.sm_count.value == 188
     assert rtx.peak_flops("fp8").value == 1007.6e12 and rtx.peak_flops("int4") is rtx.bf16_dense_flops
-    assert list_profiles() == ["h200-sxm", "rtx-pro-6000-blackwell"]
+    assert list_profiles() == ["h100-sxm", "h200-sxm", "rtx-pro-6000-blackwell"]
+    h100 = load_profile("h100")  # the same SM as the H200's, less and slower memory, a smaller L2
+    assert h100.sm == h200.sm and h100.sm_count.value == h200.sm_count.value
+    assert h100.memory_bandwidth.value == 3.35e12 and h100.l2_bytes.value == 50 * 2**20
+    assert h100.memory_bytes.value == 80e9 and h100.measured == {}
 
 
 def test_profile_for_device_name() -> None:
     assert profile_for_device_name("NVIDIA H200").name == "h200-sxm"
+    assert profile_for_device_name("NVIDIA H100 80GB HBM3").name == "h100-sxm"  # torch's name for the SXM part
+    assert profile_for_device_name("NVIDIA H100 PCIe") is None  # 2 TB/s HBM2e: not the SXM figures
     assert profile_for_device_name("NVIDIA RTX PRO 6000 Blackwell Server Edition").name == "rtx-pro-6000-blackwell"
     assert profile_for_device_name("NVIDIA A100-SXM4-80GB") is None
 
