@@ -60,6 +60,37 @@ def group_by_case(records: Iterable[dict[str, Any]]) -> "OrderedDict[str, list[d
     return groups
 
 
+def crossover_lines(records: Iterable[dict[str, Any]], axis: str, baseline: str) -> list[str]:
+    """Along ``axis`` (e.g. tokens), for each other variant and each setting of the other
+    axes: the variant's time ratio to ``baseline`` at every value (each record's own
+    vs_baseline verdict, so the rule is the table's) and the first value at which the
+    baseline is the faster one (SLOWER) — where the baseline overtakes the variant."""
+    groups: OrderedDict[tuple, list[tuple[Any, dict[str, Any]]]] = OrderedDict()
+    for r in records:
+        vb = r.get("vs_baseline")
+        if r["variant"] == baseline or r["status"] != "OK" or not vb or axis not in r["axes"]:
+            continue
+        rest = tuple((k, v) for k, v in r["axes"].items() if k != axis)
+        groups.setdefault((r["variant"], rest), []).append((r["axes"][axis], vb))
+    lines = []
+    for (variant, rest), pts in groups.items():
+        if len(pts) < 2:  # one value: the table's own ratio column says it all
+            continue
+        trail = ", ".join(f"{v} ×{vb['ratio']:.2f}" + ("" if vb["label"] in ("FASTER", "SLOWER") else
+                                                         f" ({vb['label']})") for v, vb in pts)
+        over = next((v for v, vb in pts if vb["label"] == "SLOWER"), None)
+        if over is not None:
+            verdict = f"{baseline} overtakes at {axis} = {over}"
+        elif all(vb["label"] == "FASTER" for _, vb in pts):
+            verdict = f"{variant} faster at every {axis} measured (up to {pts[-1][0]})"
+        else:
+            verdict = f"{baseline} faster at no {axis} measured (up to {pts[-1][0]})"
+        where = " ".join(f"{k}={v}" for k, v in rest)
+        lines.append(f"{variant} / {baseline} time by {axis}" + (f" ({where})" if where else "")
+                     + f": {trail}; {verdict}")
+    return lines
+
+
 def _row(r: dict[str, Any], axes: list[str], derived: list[str], notes: list[str]) -> list[Any]:
     t = (r.get("timing") or {}).get("summary") or {}
     timing = r.get("timing") or {}
@@ -126,6 +157,7 @@ def render(doc: dict[str, Any], fmt: str = "text") -> str:
         return render_csv(doc["records"])
     tablefmt = "github" if fmt == "markdown" else "simple"
     out = []
+    run = doc.get("run") or {}
     head = describe_run(doc)
     out.append("\n".join(f"_{line}_" for line in head.splitlines()) if fmt == "markdown" else head)
     for case, recs in group_by_case(doc["records"]).items():
@@ -140,7 +172,9 @@ def render(doc: dict[str, Any], fmt: str = "text") -> str:
         rows = [_row(r, axes, derived, notes) for r in recs]
         table = tabulate(rows, headers=axes + HEADERS + derived, tablefmt=tablefmt, disable_numparse=True)
         foot = "".join(f"\n[{i}] {n}" + ("  " if fmt == "markdown" else "") for i, n in enumerate(notes, 1))
-        out.append(f"{title}\n{table}{foot}")
+        summary = "".join(f"\n{line}" + ("  " if fmt == "markdown" else "")
+                          for line in (run.get("summaries") or {}).get(case) or [])
+        out.append(f"{title}\n{table}{foot}" + (f"\n{summary}" if summary else ""))
     return "\n\n".join(out) + "\n"
 
 

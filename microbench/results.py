@@ -6,7 +6,8 @@ Schema (``schema = "microbench.result"``, ``schema_version = 1``)::
       "schema": "microbench.result", "schema_version": 1,
       "run": {"id", "started_utc", "finished_utc", "complete": bool, "interrupted": bool,
               "argv", "suite", "cases", "device", "seed", "interleave", "timing": {...},
-              "ceilings": {"memory_bandwidth": {"value", "unit", "source"}, ...}},
+              "ceilings": {"memory_bandwidth": {"value", "unit", "source"}, ...},
+              "summaries": {case id: [line, ...]}},   # optional: Case.summarize, under each table
       "fingerprint": {... microbench.env.fingerprint() ...},
       "records": [ {
           "case", "axes": {...}, "variant", "device", "status": "OK" | "FAILED" | "SKIPPED",

@@ -339,11 +339,18 @@ class Runner:
         by_case: dict[str, list[dict[str, Any]]] = {}
         for r in self.records:
             by_case.setdefault(r["case"], []).append(r)
+        summaries: dict[str, list[str]] = {}
         for case in {c.id: c for c, _ in p.items}.values():
             try:
                 case.derive(by_case.get(case.id, []))
+                lines = list(case.summarize(by_case.get(case.id, [])))
             except Exception as e:  # noqa: BLE001 - a broken derived column must not lose the run
-                self.progress(f"    {case.id}: derived columns failed: {_error_text(e)}")
+                self.progress(f"    {case.id}: derived columns or summary failed: {_error_text(e)}")
+                continue
+            if lines:
+                summaries[case.id] = lines
+        if summaries and self.writer is not None:
+            self.writer.doc["run"]["summaries"] = summaries
         if self.writer is not None:
             self.writer.flush()
 

@@ -173,6 +173,9 @@ class WithVariant(Case):
     def derive(self, records):
         return self.inner.derive(records)
 
+    def summarize(self, records):
+        return self.inner.summarize(records)
+
     def signature(self):
         return self.inner.signature()
 

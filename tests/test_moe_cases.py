@@ -154,3 +154,33 @@ def test_trial_rejects_an_incorrect_candidate(monkeypatch, tmp_path):
     assert trial(lambda **kw: kw["out"].zero_(), w, case.reference(w), "zeros") is None
     assert trial.rejected == 1 and "incorrect" in logs[-1]
     assert trial(moe_cases._few_token, w, case.reference(w), "few") > 0
+
+
+def _vb(label: str, ratio: float) -> dict:
+    return {"label": label, "ratio": ratio, "lo": ratio * 0.98, "hi": ratio * 1.02}
+
+
+def _exp(variant: str, tokens: int, weights: str = "int4", vb: dict | None = None, status: str = "OK") -> dict:
+    return {"case": "moe.experts", "variant": variant, "status": status, "vs_baseline": vb,
+            "axes": {"layout": "kimi-tp8", "weights": weights, "tokens": tokens, "routing": "router", "dtype": "bf16"}}
+
+
+def test_the_moe_summary_names_the_token_count_at_which_fused_overtakes():
+    recs = [_exp("fused", t) for t in (1, 4, 8, 16, 32)]
+    recs += [_exp("few_token", 1, vb=_vb("FASTER", 0.31)), _exp("few_token", 4, vb=_vb("FASTER", 0.45)),
+             _exp("few_token", 8, vb=_vb("UNSURE", 0.97)), _exp("few_token", 16, vb=_vb("SLOWER", 1.12)),
+             _exp("few_token", 32, vb=_vb("SLOWER", 1.6))]
+    # bf16: faster everywhere; its T = 8 point failed its gate and says nothing
+    recs += [_exp("few_token", t, "bf16", _vb("FASTER", 0.5)) for t in (1, 4)]
+    recs += [_exp("few_token", 8, "bf16", None, status="FAILED")]
+    lines = moe_cases.MoEExpertsCase().summarize(recs)
+    assert lines == [
+        "few_token / fused time by tokens (layout=kimi-tp8 weights=int4 routing=router dtype=bf16): 1 ×0.31, "
+        "4 ×0.45, 8 ×0.97 (UNSURE), 16 ×1.12, 32 ×1.60; fused overtakes at tokens = 16",
+        "few_token / fused time by tokens (layout=kimi-tp8 weights=bf16 routing=router dtype=bf16): 1 ×0.50, "
+        "4 ×0.50; few_token faster at every tokens measured (up to 4)"]
+    # level to the end (SAME), never slower: the baseline is faster nowhere
+    same = [_exp("few_token", 1, vb=_vb("FASTER", 0.5)), _exp("few_token", 4, vb=_vb("SAME", 1.0))]
+    assert moe_cases.MoEExpertsCase().summarize(same)[0].endswith("fused faster at no tokens measured (up to 4)")
+    # one token count: the table's ratio column says it all
+    assert moe_cases.MoEExpertsCase().summarize([_exp("few_token", 4, vb=_vb("FASTER", 0.5))]) == []

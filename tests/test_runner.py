@@ -214,3 +214,28 @@ def test_a_profile_that_records_no_gpu_activity_says_so_instead_of_zero_launches
     monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext(Empty()))
     out = profile_call(lambda: torch.ones(8) + 1)
     assert "launches" not in out and "no GPU activity" in out["profile_error"] and out["host_s"] > 0
+
+
+def test_a_cases_summary_lines_are_kept_in_the_file_and_printed_under_its_table(tmp_path):
+    from microbench import report
+
+    case = Scaled()
+    case.summarize = lambda records: [f"{len(records)} records of {case.id}"]
+    _, w = _run(case, tmp_path, variants=["base", "other"], timing=TimingOptions(budget_s=0.05))
+    doc = load(w.path)
+    assert doc["run"]["summaries"] == {"test.scaled": ["4 records of test.scaled"]}
+    text = report.render(doc)
+    table = text[text.index("== test.scaled =="):]
+    assert table.rstrip().endswith("4 records of test.scaled")
+    assert "4 records of test.scaled  \n" in report.render(doc, "markdown")  # a markdown line break
+    assert "records of" not in report.render(doc, "csv")
+
+    def broken(records):
+        raise ValueError("no")
+
+    case.summarize = broken  # a broken summary loses neither the run nor the derived columns
+    lines: list[str] = []
+    opts = RunOptions(suite="smoke", device="cpu", timing=TimingOptions(budget_s=0.05), variants=["base"])
+    recs = Runner(opts, None, progress=lines.append).run(plan([case], opts))
+    assert [r["status"] for r in recs] == ["OK", "OK"]
+    assert any("test.scaled: derived columns or summary failed: ValueError: no" in line for line in lines)
