@@ -13,9 +13,15 @@ from typing import Any, Callable, Sequence
 #: GPU L2 (H200: 60 MB, RTX PRO 6000 Blackwell: 128 MB), so flushing still flushes.
 _FALLBACK_CACHE_BYTES = 128 * 1024 * 1024
 
-#: Cycles of the spin kernel before each graph replay's start event: ~100 µs at 2 GHz,
-#: more than a graph launch's host latency.
-_GRAPH_LEAD_CYCLES = 200_000
+#: The spin kernel (``torch.cuda._sleep``) run before a start event, so the timed work is
+#: already enqueued when the events start counting. At least ~100 µs at 2 GHz (more than a
+#: graph launch's host latency); before a cold call, twice the call's measured host time
+#: (a 5-launch MoE call's Python can outlast the flush), at most ~10 ms. Cycles are counted
+#: at a nominal 2 GHz (H100 / H200 boost: 1.98 GHz): at a lower clock the spin lasts longer,
+#: the safe side.
+_LEAD_MIN_CYCLES = 200_000
+_LEAD_MAX_CYCLES = 20_000_000
+_NOMINAL_CLOCK_HZ = 2e9
 
 @dataclass
 class _Sampler:
@@ -59,13 +65,15 @@ _flush_buffers: dict[str, Any] = {}
 
 
 def _flush_buffer(device: str, nbytes: int):
+    """The flush's int64 buffer of at least ``nbytes`` on ``device`` (kept for the next
+    measurement) and a fresh 0-d int64 for its sum."""
     import torch
 
     buf = _flush_buffers.get(device)
     if buf is None or buf.numel() * 8 < nbytes:
         buf = torch.empty(max(1, nbytes // 8), dtype=torch.int64, device=device)
         _flush_buffers[device] = buf
-    return buf
+    return buf, torch.zeros((), dtype=torch.int64, device=device)
 
 
 def _flush_cache(buf, total) -> None:
@@ -80,6 +88,32 @@ def _flush_cache(buf, total) -> None:
 
 def _same(x: float) -> float:
     return x
+
+
+def lead_cycles(host_s: float) -> int:
+    """Spin cycles before a start event so that a call whose host side takes ``host_s`` is
+    wholly enqueued by the time the events count: twice that at the nominal clock, within
+    [_LEAD_MIN_CYCLES, _LEAD_MAX_CYCLES]."""
+    want = math.ceil(2.0 * max(0.0, host_s) * _NOMINAL_CLOCK_HZ)
+    return int(min(_LEAD_MAX_CYCLES, max(_LEAD_MIN_CYCLES, want)))
+
+
+_HOST_TRIES = 3
+
+
+def _host_s(calls: Sequence[Callable[[], Any]], sync: Callable[[], None],
+            agreed: Callable[[float], float] = _same, tries: int = _HOST_TRIES) -> float:
+    """The longest host-side time of a call (from its start on an idle GPU to its return:
+    the launches and the Python between them) over ``tries`` warm calls; with several
+    ranks the slowest rank's, so every rank spins alike."""
+    worst = 0.0
+    for j in range(tries):
+        sync()
+        t0 = time.perf_counter()
+        calls[j % len(calls)]()
+        worst = max(worst, time.perf_counter() - t0)
+    sync()
+    return agreed(worst)
 
 
 def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s: float,
@@ -204,7 +238,7 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=Non
 
         def take() -> float:
             ready()
-            torch.cuda._sleep(_GRAPH_LEAD_CYCLES)
+            torch.cuda._sleep(_LEAD_MIN_CYCLES)
             start.record()
             graph.replay()
             end.record()
@@ -217,14 +251,18 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=Non
         nbytes = 2 * (cache_bytes or _FALLBACK_CACHE_BYTES)
         if not cache_bytes:
             notes.append("L2 size unknown: flushed 2x128 MiB")
-        flush = _flush_buffer(device, nbytes)
-        total = torch.zeros((), dtype=torch.int64, device=device)
+        flush, total = _flush_buffer(device, nbytes)
+        # the flush alone (tens of µs) can be shorter than the call's host side: a spin
+        # after it keeps the events on GPU time, the host's launch latency left out
+        lead = lead_cycles(_host_s(calls, sync, agreed, _HOST_TRIES))
+        warm += _HOST_TRIES
 
         def take() -> float:
             fn = calls[state["i"] % k]
             state["i"] += 1
             _flush_cache(flush, total)
             ready()
+            torch.cuda._sleep(lead)
             start.record()
             fn()
             end.record()

@@ -8,8 +8,12 @@ Modes are options, not separate loops:
     call's dirty outputs are written back during the flush); the read that follows leaves
     the L2 full of clean lines, so the timed call pays no write-back of the flush's own
     dirty lines as it misses (up to one L2 of extra DRAM writes after a write-only flush).
-    The flush also hides the host's enqueue latency of the timed call (it runs for tens of
-    µs on an H200), so the events see GPU time.
+    Between the flush and the start event a spin kernel runs for twice the call's host
+    side (timed on warm calls: its launches and the Python between them), at least
+    ~100 µs: the call is wholly enqueued before the events count, so they see its GPU
+    time, the host's launch latency left out (the flush alone, tens of µs, can be shorter
+    than a multi-launch call's Python). Eager launch cost is what ``hot`` and the layer's
+    eager-vs-graph rows measure.
 ``hot``
     Back-to-back calls with no flush; each sample is a batch of calls between two events
     (or two host clock reads on CPU), sized so a sample lasts at least

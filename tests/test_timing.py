@@ -164,11 +164,12 @@ def test_the_cuda_flush_writes_then_reads_the_whole_buffer():
     written and then summed, into the preallocated scalar."""
     from microbench.samplers import _flush_buffer, _flush_cache
 
-    buf = _flush_buffer("cpu", 1 << 12)
+    buf, total = _flush_buffer("cpu", 1 << 12)
     buf.fill_(7)
-    total = torch.full((), -1, dtype=torch.int64)
+    total.fill_(-1)
     _flush_cache(buf, total)
     assert buf.numel() * 8 >= 1 << 12 and int(buf.abs().sum()) == 0 and int(total) == 0
+    assert total.dtype == torch.int64 and total.dim() == 0
 
 
 def test_the_flush_reads_its_buffer_in_place():
@@ -176,8 +177,7 @@ def test_the_flush_reads_its_buffer_in_place():
     bytes it means to and hold a second buffer of 2x the L2."""
     from microbench.samplers import _flush_buffer, _flush_cache
 
-    buf = _flush_buffer("cpu", 1 << 16)
-    total = torch.zeros((), dtype=torch.int64)
+    buf, total = _flush_buffer("cpu", 1 << 16)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         _flush_cache(buf, total)
     ops = {e.key for e in prof.key_averages()}
@@ -322,3 +322,76 @@ def test_a_capture_of_no_gpu_work_is_refused(monkeypatch):
     ok = _FakeCuda()
     ok.install(monkeypatch)
     assert _capture([lambda: None], 2) is not None and ok.current == "default"
+
+
+def test_the_spin_before_a_start_event_outlasts_the_calls_host_side():
+    from microbench.samplers import _LEAD_MAX_CYCLES, _LEAD_MIN_CYCLES, _host_s, lead_cycles
+
+    assert lead_cycles(0.0) == _LEAD_MIN_CYCLES == 200_000  # ~100 µs at 2 GHz, whatever the call
+    assert lead_cycles(1e-3) == 4_000_000  # twice a 1 ms host side at 2 GHz
+    assert lead_cycles(60.0) == _LEAD_MAX_CYCLES  # a call that waits on the GPU: capped
+    syncs: list[int] = []
+    calls = [lambda: time.sleep(0.002), lambda: None]
+    t = _host_s(calls, lambda: syncs.append(1), agreed=lambda x: 2 * x)
+    assert t >= 2 * 0.002  # the slowest of the tries (the sleeping call), as the ranks agree it
+    assert len(syncs) == 4  # the GPU idle before each try and after the last
+
+
+class _FakeCudaTimer:
+    """Just enough of torch.cuda for the cold sampler: events, the spin, a sync; every GPU
+    step goes into one log, in the order the stream would run it."""
+
+    def __init__(self):
+        self.log: list = []
+        fake = self
+
+        class Event:
+            made = 0
+
+            def __init__(self, enable_timing=False):
+                self.name = ("start", "end")[Event.made % 2]
+                Event.made += 1
+
+            def record(self):
+                fake.log.append(self.name)
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return 0.05  # ms
+
+        self.Event = Event
+        self.set_device = lambda i: None
+        self.synchronize = lambda: fake.log.append("sync")
+        self._sleep = lambda cycles: fake.log.append(("spin", cycles))
+
+    def install(self, monkeypatch):
+        from microbench import samplers
+
+        for name in ("Event", "set_device", "synchronize", "_sleep"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+        monkeypatch.setattr(samplers, "_flush_buffer", lambda device, nbytes: ("buf", "total"))
+        monkeypatch.setattr(samplers, "_flush_cache", lambda buf, total: self.log.append("flush"))
+
+
+def test_a_cold_sample_spins_after_the_flush_so_the_events_see_gpu_time(monkeypatch):
+    """The flush, then a spin twice as long as the call's host side (a slow multi-launch
+    call here: 3 ms of Python), then the events around the call: the call is wholly
+    enqueued before the start event fires."""
+    from microbench.samplers import _cuda_sampler, lead_cycles
+
+    fake = _FakeCudaTimer()
+    fake.install(monkeypatch)
+
+    def call():
+        time.sleep(0.003)
+        fake.log.append("call")
+
+    s = _cuda_sampler([call], "cuda:0", "cold", TimingOptions(warmup_s=0.0), 60 << 20)
+    fake.log.clear()
+    assert s.take() == pytest.approx(0.05e-3)
+    (spin,) = [x for x in fake.log if isinstance(x, tuple)]
+    assert fake.log == ["flush", spin, "start", "call", "end"]
+    assert spin[1] >= lead_cycles(0.003) >= 12_000_000 and s.flush_bytes == 2 * (60 << 20)
+    assert s.warmup_calls >= 1 + 3  # the first call, and the three that timed the host side
