@@ -18,10 +18,24 @@ def _load(path: str) -> dict[str, Any]:
         raise UsageError(str(e)) from None
 
 
+def _selected(a: argparse.Namespace, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``--case`` / ``--variant`` / ``--axis`` applied to the loaded result files."""
+    from microbench.cli import _axis_picks, _split
+    from microbench.results import ResultError, select
+
+    cases, variants, axes = _split(a.case), _split(a.variant), _axis_picks(a.axis)
+    if not (cases or variants or axes):
+        return docs
+    try:
+        return select(docs, cases, variants, axes)
+    except ResultError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     from microbench import report
 
-    doc = _load(a.result)
+    (doc,) = _selected(a, [_load(a.result)])
     print(report.render(doc, a.format), end="")
     if a.plot:
         from microbench.plots import PlotError, plot_results
@@ -43,7 +57,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not sep or not old or not new:
             raise UsageError(f"--map-variant {item!r}: expected BASE_VARIANT=NEW_VARIANT")
         mapping[old] = new
-    base, new = _load(a.base), _load(a.new)
+    base, new = _selected(a, [_load(a.base), _load(a.new)])
     result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
                                   probe_correct=a.probe_correct, relative=a.relative)
     print(compare.render(result, a.format), end="")
@@ -64,6 +78,15 @@ def _quantile(text: str) -> float:
     return q
 
 
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--case", action="append", metavar="ID", help="only these cases: ids or dotted prefixes "
+                   "(moe = every moe.* case), comma-separated or repeated")
+    p.add_argument("--variant", action="append", metavar="NAME", help="only these variants, comma-separated or "
+                   "repeated")
+    p.add_argument("--axis", action="append", metavar="NAME=V1,V2", help="only the points whose axis NAME has "
+                   "one of these values (repeatable: every axis given must match)")
+
+
 def add_parsers(sub: Any) -> None:
     c = sub.add_parser("compare", help="verdicts between two result files (FASTER/SLOWER/SAME/UNSURE)")
     c.add_argument("base")
@@ -80,6 +103,7 @@ def add_parsers(sub: Any) -> None:
                    help="divide each ratio by the environment probe's ratio between the runs")
     c.add_argument("--map-variant", action="append", metavar="BASE=NEW",
                    help="compare variant BASE of the base run with variant NEW of the new run")
+    _add_selection(c)
     c.set_defaults(func=cmd_compare)
 
     rep = sub.add_parser("report", help="print a result file's tables")
@@ -87,4 +111,5 @@ def add_parsers(sub: Any) -> None:
     rep.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     rep.add_argument("--plot", metavar="DIR", help="also draw time vs token count per variant, a PNG per case "
                      "(matplotlib)")
+    _add_selection(rep)
     rep.set_defaults(func=cmd_report)

@@ -38,7 +38,7 @@ import re
 import socket
 import tempfile
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 SCHEMA = "microbench.result"
 SCHEMA_VERSION = 1
@@ -181,6 +181,60 @@ def validate(doc: Any, path: str = "result") -> None:
             raise ResultError(f"{path}: record {i} is malformed (needs case, axes, variant, status)")
         if r["status"] not in STATUSES:
             raise ResultError(f"{path}: record {i} has unknown status {r['status']!r}")
+
+
+def select(docs: Sequence[dict[str, Any]], cases: Sequence[str] = (), variants: Sequence[str] = (),
+           axes: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+    """The documents with only the records that match every filter given, for a table to
+    paste: ``cases`` ids or dotted prefixes (``moe`` takes ``moe.experts``, ``moe.router``,
+    ...), ``variants`` names, ``axes`` {name: values as text}. A name found in none of the
+    documents raises ResultError listing what they hold, so a typo is not an empty table;
+    each document keeps its own run and fingerprint, and the summaries of the cases whose
+    points it keeps whole."""
+    recs = [r for d in docs for r in d["records"]]
+
+    def known(what: str, names: Iterable[str]) -> str:
+        names = sorted(set(names))
+        return f"{what} in the result file{'s' if len(docs) > 1 else ''}: {', '.join(names) or 'none'}"
+
+    def matches(cid: str, c: str) -> bool:
+        return cid == c or cid.startswith(c.rstrip(".") + ".")
+
+    def case_ok(cid: str) -> bool:
+        return not cases or any(matches(cid, c) for c in cases)
+
+    for c in cases:
+        if not any(matches(r["case"], c) for r in recs):
+            raise ResultError(f"--case {c}: no such case; " + known("cases", (r["case"] for r in recs)))
+    recs = [r for r in recs if case_ok(r["case"])]
+    for v in variants:
+        if not any(r["variant"] == v for r in recs):
+            raise ResultError(f"--variant {v}: no such variant; " + known("variants", (r["variant"] for r in recs)))
+    for name, values in (axes or {}).items():
+        have = {str(r["axes"][name]) for r in recs if name in r["axes"]}
+        if not have:
+            raise ResultError(f"--axis {name}: no such axis; "
+                              + known("axes", (a for r in recs for a in r["axes"])))
+        for v in values:
+            if v not in have:
+                raise ResultError(f"--axis {name}={v}: no such value; " + known(f"{name} values", have))
+
+    def keep(r: dict[str, Any]) -> bool:
+        return (case_ok(r["case"]) and (not variants or r["variant"] in variants)
+                and all(name in r["axes"] and str(r["axes"][name]) in values for name, values in (axes or {}).items()))
+
+    out = []
+    for d in docs:
+        kept = [r for r in d["records"] if keep(r)]
+        run = dict(d["run"])
+        if run.get("summaries"):  # a summary speaks of all its case's points: gone with any of them
+            whole = {c for c in {r["case"] for r in kept}
+                     if sum(r["case"] == c for r in kept) == sum(r["case"] == c for r in d["records"])}
+            run["summaries"] = {c: lines for c, lines in run["summaries"].items() if c in whole}
+        out.append({**d, "run": run, "records": kept})
+    if not any(d["records"] for d in out):
+        raise ResultError("no record matches --case, --variant and --axis together")
+    return out
 
 
 def record_key(r: dict[str, Any]) -> tuple:

@@ -84,6 +84,16 @@ def test_run_report_compare_round_trip(tmp_path, capsys):
     assert main(["compare", path, path, "--format", "markdown"]) == 0
     assert "| case" in capsys.readouterr().out
 
+    # a table to paste: one variant (or case, or axis value) of the file
+    assert main(["report", path, "--variant", "triton", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert rows and {r["variant"] for r in rows} == {"triton"}
+    assert main(["compare", path, path, "--case", "norm", "--variant", "triton"]) == 0
+    assert "verdicts: 1 SAME" in capsys.readouterr().out
+    assert main(["report", path, "--variant", "tritn"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "microbench: error: --variant tritn: no such variant; variants in the result file: torch, triton"
+
 
 def test_fail_on_slower_exits_1(tmp_path, capsys):
     """Exit codes from the verdicts of two (synthetic, so deterministic) result files."""

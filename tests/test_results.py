@@ -102,3 +102,44 @@ def test_bad_files_give_one_clear_error(tmp_path, content, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ResultError, match="no such file"):
         load(str(tmp_path / "nope.json"))
+
+
+def _doc(records, summaries=None):
+    run = {"summaries": summaries} if summaries else {}
+    return {"schema": "microbench.result", "schema_version": SCHEMA_VERSION, "run": run, "records": records}
+
+
+def test_select_keeps_what_every_filter_matches_and_names_what_is_not_there():
+    from microbench.results import select
+
+    recs = [_rec(case=c, variant=v, axes={"tokens": t, "weights": w})
+            for c in ("moe.experts", "moe.router", "attention.mla_verify") for v in ("a", "b")
+            for t in (1, 4) for w in ("int4", "bf16")]
+    doc = _doc(recs, {"moe.experts": ["line"], "attention.mla_verify": ["other"]})
+    (got,) = select([doc], cases=["moe"])  # a dotted prefix: both moe.* cases
+    assert {r["case"] for r in got["records"]} == {"moe.experts", "moe.router"}
+    assert got["run"]["summaries"] == {"moe.experts": ["line"]}  # every moe.experts point kept: its line too
+    (got,) = select([doc], cases=["moe.experts"], variants=["b"], axes={"tokens": ["4"], "weights": ["int4", "bf16"]})
+    assert [(r["variant"], r["axes"]["tokens"]) for r in got["records"]] == [("b", 4), ("b", 4)]
+    assert got["run"]["summaries"] == {}  # a summary of all the points goes with any of them
+    assert len(doc["records"]) == 24 and doc["run"]["summaries"]  # the loaded document is untouched
+    for kw, message in ((dict(cases=["mo"]), "--case mo: no such case; cases in the result file: "
+                                             "attention.mla_verify, moe.experts, moe.router"),
+                        (dict(variants=["c"]), "--variant c: no such variant; variants in the result file: a, b"),
+                        (dict(axes={"batch": ["1"]}), "--axis batch: no such axis; axes in the result file: tokens, "
+                                                      "weights"),
+                        (dict(axes={"tokens": ["3"]}), "--axis tokens=3: no such value; tokens values in the result "
+                                                       "file: 1, 4"),
+                        (dict(cases=["attention"], variants=["a"], axes={"weights": ["int4"], "tokens": ["1"]}), None)):
+        if message is None:
+            assert len(select([doc], **kw)[0]["records"]) == 1
+            continue
+        with pytest.raises(ResultError) as e:
+            select([doc], **kw)
+        assert str(e.value) == message
+    # two files (compare): a name either one holds is fine, and each keeps its own records
+    new = _doc([_rec(case="moe.experts", variant="c", axes={"tokens": 1, "weights": "int4"})])
+    base, newer = select([doc, new], variants=["c"])
+    assert base["records"] == [] and len(newer["records"]) == 1
+    with pytest.raises(ResultError, match="no record matches --case, --variant and --axis together"):
+        select([doc, new], variants=["c"], axes={"weights": ["bf16"]})  # each exists, not together
