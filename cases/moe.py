@@ -360,12 +360,12 @@ class MoEExpertsCase(Case):
     def save_tuning(self, device: str, path: str | None = None) -> str | None:
         return self.table(device).save(path or tuning_path(device))
 
-    def summarize(self, records: Sequence[dict[str, Any]]) -> list[str]:
+    def summarize(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Per layout, weights and routing: each variant's time over fused's by token count,
         and the T at which fused overtakes it (by the table's verdict rule)."""
-        from microbench.report import crossover_lines
+        from microbench.report import crossovers
 
-        return crossover_lines(records, "tokens", self.baseline)
+        return crossovers(records, "tokens", self.baseline)
 
     def derive(self, records: Sequence[dict[str, Any]]) -> None:
         """experts touched, config source, speed-up over the fused baseline per point."""

@@ -232,10 +232,12 @@ class Case:
         """Add case-specific columns to finished records, as ``record["derived"][name] =
         text`` (e.g. a speed-up, or a time composed from another point); shown by every table."""
 
-    def summarize(self, records: Sequence[dict[str, Any]]) -> list[str]:
+    def summarize(self, records: Sequence[dict[str, Any]]) -> list[Any]:
         """Lines drawn across the case's finished points (e.g. the token count at which the
-        baseline overtakes a variant: :func:`microbench.report.crossover_lines`); stored in
-        the result file's ``run.summaries`` and printed under the case's table."""
+        baseline overtakes a variant: :func:`microbench.report.crossovers`), each a
+        :func:`microbench.report.summary` (its text, and the axis values and variants it
+        speaks of) or a plain string (the whole case); stored in the result file's
+        ``run.summaries`` and printed under the case's table."""
         return []
 
     def tune(self, point: Point, device: str, trial: Any) -> list[dict[str, Any]]:

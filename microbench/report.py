@@ -13,7 +13,7 @@ import csv
 import io
 import math
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from tabulate import tabulate
 
@@ -60,7 +60,17 @@ def group_by_case(records: Iterable[dict[str, Any]]) -> "OrderedDict[str, list[d
     return groups
 
 
-def crossover_lines(records: Iterable[dict[str, Any]], axis: str, baseline: str) -> list[str]:
+def summary(text: str, axes: dict[str, Any] | None = None, variants: Sequence[str] = ()) -> dict[str, Any]:
+    """One line a case draws across its points (:meth:`Case.summarize`), with the axis
+    values and variants it speaks of, so a filtered report keeps it exactly when those are
+    shown. A plain string is a line about the whole case."""
+    if isinstance(text, dict):
+        return {"text": str(text["text"]), "axes": dict(text.get("axes") or {}),
+                "variants": list(text.get("variants") or [])}
+    return {"text": str(text), "axes": dict(axes or {}), "variants": list(variants)}
+
+
+def crossovers(records: Iterable[dict[str, Any]], axis: str, baseline: str) -> list[dict[str, Any]]:
     """Along ``axis`` (e.g. tokens), for each other variant and each setting of the other
     axes: the variant's time ratio to ``baseline`` at every value (each record's own
     vs_baseline verdict, so the rule is the table's) and the first value at which the
@@ -72,7 +82,7 @@ def crossover_lines(records: Iterable[dict[str, Any]], axis: str, baseline: str)
             continue
         rest = tuple((k, v) for k, v in r["axes"].items() if k != axis)
         groups.setdefault((r["variant"], rest), []).append((r["axes"][axis], vb))
-    lines = []
+    out = []
     for (variant, rest), pts in groups.items():
         if len(pts) < 2:  # one value: the table's own ratio column says it all
             continue
@@ -86,9 +96,9 @@ def crossover_lines(records: Iterable[dict[str, Any]], axis: str, baseline: str)
         else:
             verdict = f"{baseline} faster at no {axis} measured (up to {pts[-1][0]})"
         where = " ".join(f"{k}={v}" for k, v in rest)
-        lines.append(f"{variant} / {baseline} time by {axis}" + (f" ({where})" if where else "")
-                     + f": {trail}; {verdict}")
-    return lines
+        out.append(summary(f"{variant} / {baseline} time by {axis}" + (f" ({where})" if where else "")
+                           + f": {trail}; {verdict}", dict(rest), (variant, baseline)))
+    return out
 
 
 def _row(r: dict[str, Any], axes: list[str], derived: list[str], notes: list[str]) -> list[Any]:
@@ -172,9 +182,9 @@ def render(doc: dict[str, Any], fmt: str = "text") -> str:
         rows = [_row(r, axes, derived, notes) for r in recs]
         table = tabulate(rows, headers=axes + HEADERS + derived, tablefmt=tablefmt, disable_numparse=True)
         foot = "".join(f"\n[{i}] {n}" + ("  " if fmt == "markdown" else "") for i, n in enumerate(notes, 1))
-        summary = "".join(f"\n{line}" + ("  " if fmt == "markdown" else "")
-                          for line in (run.get("summaries") or {}).get(case) or [])
-        out.append(f"{title}\n{table}{foot}" + (f"\n{summary}" if summary else ""))
+        lines = [summary(x)["text"] for x in (run.get("summaries") or {}).get(case) or []]
+        under = "".join(f"\n{line}" + ("  " if fmt == "markdown" else "") for line in lines)
+        out.append(f"{title}\n{table}{foot}" + (f"\n{under}" if under else ""))
     return "\n\n".join(out) + "\n"
 
 

@@ -7,7 +7,7 @@ Schema (``schema = "microbench.result"``, ``schema_version = 1``)::
       "run": {"id", "started_utc", "finished_utc", "complete": bool, "interrupted": bool,
               "argv", "suite", "cases", "device", "seed", "interleave", "timing": {...},
               "ceilings": {"memory_bandwidth": {"value", "unit", "source"}, ...},
-              "summaries": {case id: [line, ...]}},   # optional: Case.summarize, under each table
+              "summaries": {case id: [{"text", "axes", "variants"}, ...]}},  # optional: Case.summarize
       "fingerprint": {... microbench.env.fingerprint() ...},
       "records": [ {
           "case", "axes": {...}, "variant", "device", "status": "OK" | "FAILED" | "SKIPPED",
@@ -189,8 +189,9 @@ def select(docs: Sequence[dict[str, Any]], cases: Sequence[str] = (), variants: 
     paste: ``cases`` ids or dotted prefixes (``moe`` takes ``moe.experts``, ``moe.router``,
     ...), ``variants`` names, ``axes`` {name: values as text}. A name found in none of the
     documents raises ResultError listing what they hold, so a typo is not an empty table;
-    each document keeps its own run and fingerprint, and the summaries of the cases whose
-    points it keeps whole."""
+    each document keeps its own run and fingerprint, and the summary lines about what is
+    shown: their case, every axis value they name, one of their variants (a line spanning
+    an axis, e.g. tokens, stays when that axis is narrowed)."""
     recs = [r for d in docs for r in d["records"]]
 
     def known(what: str, names: Iterable[str]) -> str:
@@ -227,14 +228,23 @@ def select(docs: Sequence[dict[str, Any]], cases: Sequence[str] = (), variants: 
     for d in docs:
         kept = [r for r in d["records"] if keep(r)]
         run = dict(d["run"])
-        if run.get("summaries"):  # a summary speaks of all its case's points: gone with any of them
-            whole = {c for c in {r["case"] for r in kept}
-                     if sum(r["case"] == c for r in kept) == sum(r["case"] == c for r in d["records"])}
-            run["summaries"] = {c: lines for c, lines in run["summaries"].items() if c in whole}
+        if run.get("summaries"):  # a line stays where its case, axis values and variants are shown
+            run["summaries"] = {c: [x for x in lines if _shown(x, variants, axes or {})]
+                                for c, lines in run["summaries"].items() if case_ok(c)}
         out.append({**d, "run": run, "records": kept})
     if not any(d["records"] for d in out):
         raise ResultError("no record matches --case, --variant and --axis together")
     return out
+
+
+def _shown(line: Any, variants: Sequence[str], axes: Mapping[str, Sequence[str]]) -> bool:
+    """Whether a summary line (``report.summary``; a plain string is about the whole case)
+    is about what a filter shows: every axis value it names, and one of its variants."""
+    if not isinstance(line, dict):
+        return True
+    named = line.get("variants") or []
+    return (not variants or not named or any(v in variants for v in named)) and all(
+        str(v) in axes[k] for k, v in (line.get("axes") or {}).items() if k in axes)
 
 
 def record_key(r: dict[str, Any]) -> tuple:

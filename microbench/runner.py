@@ -339,11 +339,13 @@ class Runner:
         by_case: dict[str, list[dict[str, Any]]] = {}
         for r in self.records:
             by_case.setdefault(r["case"], []).append(r)
-        summaries: dict[str, list[str]] = {}
+        from microbench.report import summary
+
+        summaries: dict[str, list[dict[str, Any]]] = {}
         for case in {c.id: c for c, _ in p.items}.values():
             try:
                 case.derive(by_case.get(case.id, []))
-                lines = list(case.summarize(by_case.get(case.id, [])))
+                lines = [summary(x) for x in case.summarize(by_case.get(case.id, []))]
             except Exception as e:  # noqa: BLE001 - a broken derived column must not lose the run
                 self.progress(f"    {case.id}: derived columns or summary failed: {_error_text(e)}")
                 continue

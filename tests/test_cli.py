@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import io
 import json
@@ -230,6 +231,38 @@ def test_gpu_check_runs_the_gpu_tests_only():
     ids = [ln for ln in p.stdout.splitlines() if "::" in ln]
     assert len(ids) >= 10, p.stdout[-2000:]
     assert not [i for i in ids if i.startswith(("tests/test_cli.py", "tests/test_compile.py"))]
+
+
+def test_gpu_check_model_and_report_steps_run_on_a_gpu_result_file(tmp_path):
+    """The check's last steps, as the script writes them, on a result file that says it ran
+    on an H100: two step models on that GPU's profile, the whole table, and a headline
+    whose missing points leave their one-line errors in headline.md, not a failed step."""
+    import shlex
+
+    doc = {"schema": "microbench.result", "schema_version": 1,
+           "run": {"id": "gpu", "device": "cuda", "complete": True},
+           "fingerprint": {"device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3"}},
+           "records": [{"case": "moe.experts", "variant": "fused", "status": "SKIPPED", "reason": "r",
+                        "axes": {"layout": "kimi-tp8", "weights": "int4", "tokens": 4, "routing": "router",
+                                 "dtype": "bf16"}}]}
+    latest = tmp_path / "run.json"
+    latest.write_text(json.dumps(doc))
+    lines = open(os.path.join(ROOT, "scripts", "gpu-check")).read().replace("\\\n", " ").splitlines()
+    env = {"$PY": sys.executable, "$latest": str(latest), "$OUT": str(tmp_path)}
+    for name in ("model", "report"):
+        (i,) = [i for i, ln in enumerate(lines) if ln.strip().startswith(f'step "{name}"')]
+        j = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(("#", "step ", "cat ", "fi")))
+        argv = shlex.split("\n".join(lines[i:j]))[3:]  # past: step NAME SECONDS (quotes span lines)
+        assert argv[:2] in (["sh", "-c"], ["bash", "-c"]), argv
+        argv = argv[:3] + [functools.reduce(lambda a, kv: a.replace(*kv), env.items(), a) for a in argv[3:]]
+        p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert p.returncode == 0, (name, p.stderr[-2000:])
+    model = (tmp_path / "model.md").read_text()
+    assert model.count("step-time model: kimi-k2.5 at TP8 on h100-sxm") == 2
+    assert "verify attention kernel verify, MoE kernel few_token" in model
+    assert "### moe.experts" in (tmp_path / "table.md").read_text()
+    head = (tmp_path / "headline.md").read_text()
+    assert "--case attention.mla_verify: no such case" in head and "### moe.experts" in head
 
 
 def test_plan_sizes_a_gpu_run_without_a_gpu_and_runs_nothing(tmp_path, capsys):

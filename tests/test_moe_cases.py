@@ -174,13 +174,15 @@ def test_the_moe_summary_names_the_token_count_at_which_fused_overtakes():
     recs += [_exp("few_token", t, "bf16", _vb("FASTER", 0.5)) for t in (1, 4)]
     recs += [_exp("few_token", 8, "bf16", None, status="FAILED")]
     lines = moe_cases.MoEExpertsCase().summarize(recs)
-    assert lines == [
+    assert [x["axes"]["weights"] for x in lines] == ["int4", "bf16"]
+    assert all(x["variants"] == ["few_token", "fused"] and "tokens" not in x["axes"] for x in lines)
+    assert [x["text"] for x in lines] == [
         "few_token / fused time by tokens (layout=kimi-tp8 weights=int4 routing=router dtype=bf16): 1 ×0.31, "
         "4 ×0.45, 8 ×0.97 (UNSURE), 16 ×1.12, 32 ×1.60; fused overtakes at tokens = 16",
         "few_token / fused time by tokens (layout=kimi-tp8 weights=bf16 routing=router dtype=bf16): 1 ×0.50, "
         "4 ×0.50; few_token faster at every tokens measured (up to 4)"]
     # level to the end (SAME), never slower: the baseline is faster nowhere
     same = [_exp("few_token", 1, vb=_vb("FASTER", 0.5)), _exp("few_token", 4, vb=_vb("SAME", 1.0))]
-    assert moe_cases.MoEExpertsCase().summarize(same)[0].endswith("fused faster at no tokens measured (up to 4)")
+    assert moe_cases.MoEExpertsCase().summarize(same)[0]["text"].endswith("fused faster at no tokens measured (up to 4)")
     # one token count: the table's ratio column says it all
     assert moe_cases.MoEExpertsCase().summarize([_exp("few_token", 4, vb=_vb("FASTER", 0.5))]) == []

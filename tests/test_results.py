@@ -115,14 +115,17 @@ def test_select_keeps_what_every_filter_matches_and_names_what_is_not_there():
     recs = [_rec(case=c, variant=v, axes={"tokens": t, "weights": w})
             for c in ("moe.experts", "moe.router", "attention.mla_verify") for v in ("a", "b")
             for t in (1, 4) for w in ("int4", "bf16")]
-    doc = _doc(recs, {"moe.experts": ["line"], "attention.mla_verify": ["other"]})
+    int4 = {"text": "b / a by tokens (weights=int4)", "axes": {"weights": "int4"}, "variants": ["b", "a"]}
+    bf16 = {**int4, "text": "b / a by tokens (weights=bf16)", "axes": {"weights": "bf16"}}
+    doc = _doc(recs, {"moe.experts": [int4, bf16, "about the whole case"], "attention.mla_verify": ["other"]})
     (got,) = select([doc], cases=["moe"])  # a dotted prefix: both moe.* cases
     assert {r["case"] for r in got["records"]} == {"moe.experts", "moe.router"}
-    assert got["run"]["summaries"] == {"moe.experts": ["line"]}  # every moe.experts point kept: its line too
-    (got,) = select([doc], cases=["moe.experts"], variants=["b"], axes={"tokens": ["4"], "weights": ["int4", "bf16"]})
-    assert [(r["variant"], r["axes"]["tokens"]) for r in got["records"]] == [("b", 4), ("b", 4)]
-    assert got["run"]["summaries"] == {}  # a summary of all the points goes with any of them
-    assert len(doc["records"]) == 24 and doc["run"]["summaries"]  # the loaded document is untouched
+    assert got["run"]["summaries"] == {"moe.experts": [int4, bf16, "about the whole case"]}
+    (got,) = select([doc], cases=["moe.experts"], variants=["b"], axes={"tokens": ["4"], "weights": ["int4"]})
+    assert [(r["variant"], r["axes"]["tokens"]) for r in got["records"]] == [("b", 4)]
+    # the int4 line (it spans tokens, names b) stays, the bf16 one goes with its points
+    assert got["run"]["summaries"] == {"moe.experts": [int4, "about the whole case"]}
+    assert len(doc["records"]) == 24 and len(doc["run"]["summaries"]) == 2  # the loaded document is untouched
     for kw, message in ((dict(cases=["mo"]), "--case mo: no such case; cases in the result file: "
                                              "attention.mla_verify, moe.experts, moe.router"),
                         (dict(variants=["c"]), "--variant c: no such variant; variants in the result file: a, b"),

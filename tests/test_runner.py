@@ -223,7 +223,8 @@ def test_a_cases_summary_lines_are_kept_in_the_file_and_printed_under_its_table(
     case.summarize = lambda records: [f"{len(records)} records of {case.id}"]
     _, w = _run(case, tmp_path, variants=["base", "other"], timing=TimingOptions(budget_s=0.05))
     doc = load(w.path)
-    assert doc["run"]["summaries"] == {"test.scaled": ["4 records of test.scaled"]}
+    assert doc["run"]["summaries"] == {"test.scaled": [{"text": "4 records of test.scaled", "axes": {},
+                                                        "variants": []}]}
     text = report.render(doc)
     table = text[text.index("== test.scaled =="):]
     assert table.rstrip().endswith("4 records of test.scaled")
