@@ -13,7 +13,7 @@ import csv
 import io
 import math
 from collections import OrderedDict
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from tabulate import tabulate
 
@@ -60,11 +60,13 @@ def group_by_case(records: Iterable[dict[str, Any]]) -> "OrderedDict[str, list[d
     return groups
 
 
-def summary(text: str, axes: dict[str, Any] | None = None, variants: Sequence[str] = ()) -> dict[str, Any]:
+def summary(text: str | Mapping[str, Any], axes: Mapping[str, Any] | None = None,
+            variants: Sequence[str] = ()) -> dict[str, Any]:
     """One line a case draws across its points (:meth:`Case.summarize`), with the axis
     values and variants it speaks of, so a filtered report keeps it exactly when those are
-    shown. A plain string is a line about the whole case."""
-    if isinstance(text, dict):
+    shown: ``{"text", "axes", "variants"}``. A plain string is a line about the whole case;
+    a mapping (one read back from a result file) is normalised."""
+    if isinstance(text, Mapping):
         return {"text": str(text["text"]), "axes": dict(text.get("axes") or {}),
                 "variants": list(text.get("variants") or [])}
     return {"text": str(text), "axes": dict(axes or {}), "variants": list(variants)}
