@@ -57,9 +57,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not sep or not old or not new:
             raise UsageError(f"--map-variant {item!r}: expected BASE_VARIANT=NEW_VARIANT")
         mapping[old] = new
+    if a.per_floor and a.relative:
+        raise UsageError("--per-floor and --relative are two different normalisations: choose one")
     base, new = _selected(a, [_load(a.base), _load(a.new)])
     result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
-                                  probe_correct=a.probe_correct, relative=a.relative)
+                                  probe_correct=a.probe_correct, relative=a.relative, per_floor=a.per_floor)
     print(compare.render(result, a.format), end="")
     if a.fail_on == "slower" and any(row["label"] == "SLOWER" for row in result["rows"]):
         return 1
@@ -99,6 +101,9 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--relative", action="store_true",
                    help="compare each variant's paired ratio to its baseline (runs made with --interleave): "
                         "robust to the machine moving between runs")
+    c.add_argument("--per-floor", action="store_true",
+                   help="compare each time over its record's floor (its own run's ceilings) instead of the time: "
+                        "runs on different GPUs compare in efficiency (not with --relative)")
     c.add_argument("--probe-correct", action="store_true",
                    help="divide each ratio by the environment probe's ratio between the runs")
     c.add_argument("--map-variant", action="append", metavar="BASE=NEW",

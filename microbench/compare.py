@@ -19,7 +19,7 @@ import numpy as np
 from tabulate import tabulate
 
 from microbench import stats, verdicts
-from microbench.report import fmt_time
+from microbench.report import fmt_time, sig
 from microbench.results import record_key
 
 #: A mean SM clock differing by more than this between runs can explain a change alone.
@@ -90,11 +90,21 @@ def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, An
     return list(ratios), r["timing"].get("passes")
 
 
+def _per_floor(b: Mapping[str, Any], n: Mapping[str, Any]) -> tuple[float, float] | str:
+    """Each record's floor (seconds at its run's ceilings), or why the pair has none."""
+    fb, fn = b.get("floor_s"), n.get("floor_s")
+    if not (isinstance(fb, (int, float)) and fb > 0 and isinstance(fn, (int, float)) and fn > 0):
+        return "per floor: no floor for this point (no bytes or FLOPs, or no ceiling in a run)"
+    return float(fb), float(fn)
+
+
 def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantile: float,
           probe_correct: bool, relative: tuple[Mapping, Mapping] | None = None,
-          pooled: tuple[float, int] | None = None) -> dict[str, Any]:
+          pooled: tuple[float, int] | None = None, per_floor: bool = False) -> dict[str, Any]:
     """One matched pair's row. ``pooled``: the run's typical wander, used when this
-    record's own could not be estimated (too few samples for two blocks)."""
+    record's own could not be estimated (too few samples for two blocks). ``per_floor``:
+    each sample divided by its record's floor first (time over the roofline of its own
+    run's ceilings), so runs on different GPUs compare in efficiency, not in time."""
     row: dict[str, Any] = {"case": n["case"], "axes": n["axes"], "variant": n["variant"],
                            "base_time": None, "new_time": None, "label": "n/a", "notes": []}
     if b["status"] != "OK" or n["status"] != "OK":
@@ -103,9 +113,19 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
         return row
     bs, ns = b["timing"]["samples_s"], n["timing"]["samples_s"]
     bpass, npass = b["timing"].get("passes"), n["timing"].get("passes")
-    row["base_time"], row["new_time"] = float(np.quantile(bs, quantile)), float(np.quantile(ns, quantile))
     (bv, bp), (nv, np_) = _probe_samples(b), _probe_samples(n)
     probes = bool(bp and np_ and bv == nv)
+    if per_floor:
+        floors = _per_floor(b, n)
+        if isinstance(floors, str):
+            row["notes"].append(floors)
+            return row
+        bs, ns = [x / floors[0] for x in bs], [x / floors[1] for x in ns]
+        probes = False  # the probe's move between two GPUs is the difference the floors take out
+        kinds = {"measured" if "in this run" in str(r.get("floor_source")) else "datasheet" for r in (b, n)}
+        if len(kinds) > 1:
+            row["notes"].append("floors from a measured ceiling on one side, a datasheet on the other")
+    row["base_time"], row["new_time"] = float(np.quantile(bs, quantile)), float(np.quantile(ns, quantile))
     if relative is not None:
         sb, sn = _relative_series(b, relative[0]), _relative_series(n, relative[1])
         if isinstance(sb, str) or isinstance(sn, str):
@@ -144,7 +164,7 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
 
 def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect: float = 0.02,
                  variant_map: Mapping[str, str] | None = None, quantile: float | None = None,
-                 probe_correct: bool = False, relative: bool = False) -> dict[str, Any]:
+                 probe_correct: bool = False, relative: bool = False, per_floor: bool = False) -> dict[str, Any]:
     """Match records and give each pair a verdict; collect the environment differences.
 
     ``quantile``: the statistic compared (default the median). ``probe_correct``: divide
@@ -160,7 +180,14 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     (runs made with ``--interleave``) instead of its absolute time. Both sides of a round
     meet the same machine state, so what moves the machine cancels and what is left is the
     change of this variant relative to an unchanged baseline: on a 2-core machine whose
-    absolute times wandered ±15% between runs, the paired ratio held to about ±0.5%."""
+    absolute times wandered ±15% between runs, the paired ratio held to about ±0.5%.
+
+    ``per_floor``: compare each record's time over its floor (the roofline at its own
+    run's ceilings, measured in that run where it calibrated) instead of its time: for two
+    runs on different GPUs (an H100 and an H200: 3.35 and 4.8 TB/s), a memory-bound kernel
+    that keeps its % of floor reads SAME. Not with ``relative`` (its ratios need no floor)."""
+    if per_floor and relative:
+        raise ValueError("per_floor and relative are two different normalisations: choose one")
     vmap = dict(variant_map or {})
 
     def key(r: Mapping[str, Any], side: str) -> tuple:
@@ -176,12 +203,12 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     rel = (({record_key(r): r for r in base["records"]}, {record_key(r): r for r in new["records"]})
            if relative else None)
     keys = [k for k in nmap if k in bmap]
-    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel) for k in keys]
+    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel, per_floor=per_floor) for k in keys]
     # a record too short to show its own wander borrows the run's typical one
     seen = [(r["wander"], r["wander_df"]) for r in rows if r.get("wander_df")]
     if seen:
         pooled = (float(np.median([w for w, _ in seen])), int(min(d for _, d in seen)))
-        rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel, pooled)
+        rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel, pooled, per_floor)
                 if r.get("wander_df") == 0 else r for r, k in zip(rows, keys)]
     for row, k in zip(rows, keys):
         if vmap and bmap[k]["variant"] != nmap[k]["variant"]:
@@ -194,6 +221,7 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
         "quantile": q,
         "probe_correct": probe_correct,
         "relative": relative,
+        "per_floor": per_floor,
         "base_run": base["run"].get("id"), "new_run": new["run"].get("id"),
         "min_effect": min_effect,
     }
@@ -253,15 +281,25 @@ def _cell_env(r: Mapping[str, Any]) -> str:
     return "-" if e is None or not math.isfinite(e) else f"×{e:.3f}"
 
 
+def _cell_floor(x: float | None) -> str:
+    """A time over its floor, as the % of floor tables show."""
+    return "-" if x is None or not math.isfinite(x) or x <= 0 else f"{sig(100 / x)}%"
+
+
 def render(result: Mapping[str, Any], fmt: str = "text") -> str:
     tablefmt = "github" if fmt == "markdown" else "simple"
+    per_floor = result.get("per_floor", False)
+    cell = _cell_floor if per_floor else fmt_time
     rows = [[r["case"], " ".join(f"{k}={v}" for k, v in r["axes"].items()), r["variant"],
-             fmt_time(r["base_time"]), fmt_time(r["new_time"]), _cell_ratio(r), _cell_env(r), r["label"],
+             cell(r["base_time"]), cell(r["new_time"]), _cell_ratio(r), _cell_env(r), r["label"],
              "; ".join(n for n in r["notes"] if n)] for r in result["rows"]]
     q = result.get("quantile", 0.5)
     stat = "median" if q == 0.5 else f"p{100 * q:g}"
-    headers = ["case", "axes", "variant", f"base {stat}", f"new {stat}", "new/base [95% CI]", "env", "verdict", "notes"]
-    what = f"the {stat} of each variant's per-round ratio to its baseline" if result.get("relative") else f"the {stat}"
+    unit = " (% floor)" if per_floor else ""
+    headers = ["case", "axes", "variant", f"base {stat}{unit}", f"new {stat}{unit}", "new/base [95% CI]", "env",
+               "verdict", "notes"]
+    what = (f"the {stat} of each variant's per-round ratio to its baseline" if result.get("relative") else
+            f"the {stat} of time over each record's floor (its run's ceilings)" if per_floor else f"the {stat}")
     head = (f"compare {result['base_run']} -> {result['new_run']}: ratio of {what}, min effect "
             f"{100 * result['min_effect']:.0f}%, interval widened by each record's wander over time"
             + ("; corrected by the environment probe" if result.get("probe_correct") else ""))

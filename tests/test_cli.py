@@ -91,6 +91,11 @@ def test_run_report_compare_round_trip(tmp_path, capsys):
     assert rows and {r["variant"] for r in rows} == {"triton"}
     assert main(["compare", path, path, "--case", "norm", "--variant", "triton"]) == 0
     assert "verdicts: 1 SAME" in capsys.readouterr().out
+    assert main(["compare", path, path, "--per-floor"]) == 0  # no calibration in this run, no profile on a CPU
+    out = capsys.readouterr().out
+    assert "(% floor)" in out and ("verdicts: 2 SAME" in out or "no floor for this point" in out)
+    assert main(["compare", path, path, "--per-floor", "--relative"]) == 2
+    assert "choose one" in capsys.readouterr().err
     assert main(["report", path, "--variant", "tritn"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "microbench: error: --variant tritn: no such variant; variants in the result file: torch, triton"

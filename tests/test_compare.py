@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 
@@ -179,3 +180,41 @@ def test_relative_compare_needs_interleaved_runs():
         r["baseline"] = "anchor"
     row = compare.compare_runs(d, copy.deepcopy(d), relative=True)["rows"][1]
     assert row["label"] == "n/a" and "--interleave" in row["notes"][0]
+
+
+def _floored(doc, floor_s, source="calibration.copy in this run"):
+    for r in doc["records"]:
+        r["floor_s"], r["floor_source"] = floor_s, source
+    return doc
+
+
+def test_per_floor_compares_efficiency_across_gpus():
+    """An H100 run against an H200 one: the kernel took 4.8 / 3.35 as long on the slower
+    memory (SLOWER in time), at the same % of its own floor (SAME per floor); a kernel that
+    lost efficiency is SLOWER either way."""
+    import pytest
+
+    rng = np.random.default_rng(7)
+    h200 = _floored(_doc({"k": _samples(rng, scale=T0), "worse": _samples(rng, scale=T0)},
+                         fp={"device": {"name": "NVIDIA H200"}}), 0.8 * T0)
+    slow_mem = 4.8 / 3.35
+    h100 = _floored(_doc({"k": _samples(rng, scale=slow_mem * T0), "worse": _samples(rng, scale=1.6 * slow_mem * T0)},
+                         fp={"device": {"name": "NVIDIA H100 80GB HBM3"}}), slow_mem * 0.8 * T0)
+    by_time = {r["variant"]: r for r in compare.compare_runs(h200, h100)["rows"]}
+    assert by_time["k"]["label"] == "SLOWER"
+    res = compare.compare_runs(h200, h100, per_floor=True)
+    rows = {r["variant"]: r for r in res["rows"]}
+    assert rows["k"]["label"] == "SAME" and abs(rows["k"]["ratio"] - 1) < 0.01
+    assert rows["worse"]["label"] == "SLOWER" and abs(rows["worse"]["ratio"] - 1.6) < 0.03
+    assert any(line.startswith("GPU model: NVIDIA H200 -> NVIDIA H100") for line in res["env"])
+    text = compare.render(res)
+    assert "base median (% floor)" in text and re.search(r" (79|80|81)\.\d% ", text)  # 0.8 T0 floor, ~T0 median
+    assert "time over each record's floor" in text
+    # a point with no floor says so instead of a verdict; a datasheet floor against a measured one is noted
+    del h100["records"][0]["floor_s"]
+    _floored(h200, 0.8 * T0, "profile h200-sxm (datasheet)")
+    rows = {r["variant"]: r for r in compare.compare_runs(h200, h100, per_floor=True)["rows"]}
+    assert rows["k"]["label"] == "n/a" and rows["k"]["notes"][0].startswith("per floor: no floor for this point")
+    assert "floors from a measured ceiling on one side, a datasheet on the other" in rows["worse"]["notes"]
+    with pytest.raises(ValueError, match="choose one"):
+        compare.compare_runs(h200, h100, per_floor=True, relative=True)
