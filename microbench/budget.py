@@ -169,7 +169,11 @@ class Budget:
                 "moe_layer": lines(self.moe_layer), "dense_layer": lines(self.dense_layer), "step": lines(self.step),
                 "totals": {k: {f"{p}/{m}": v for (p, m), v in t.items()} for k, t in self.totals.items()},
                 "launch_cost": {"seconds": self.launch_cost.seconds, "source": self.launch_cost.source},
-                "summary": {m: self.summary(m) for m in MODES}, "notes": self.notes}
+                "summary": {m: self.summary(m) for m in MODES}, "notes": self.notes,
+                "measured_layer": {f"{p}/{m}": {"seconds": c.seconds, "source": c.source,
+                                                "model_as_measured": self.model_as_measured[(p, m)],
+                                                "model_error": self.model_error(p, m)}
+                                   for (p, m), c in self.measured_layer.items()}}
 
 
 # --------------------------------------------------------------------------- estimates

@@ -61,7 +61,7 @@ def _profile(name: str, measured) -> tuple[Any, str | None]:
         why = f"the GPU of the results, {gpus[0]}"
     else:
         prof = load_profile(DEFAULT_PROFILE)
-        why = f"no shipped profile matches {gpus[0]}" if gpus else "no GPU result file given"
+        why = f"no shipped profile matches {gpus[0]}" if gpus else "no GPU result among the --results files"
     more = f"; the result files ran on {len(gpus)} GPUs ({', '.join(gpus)}), the first decides" if len(gpus) > 1 else ""
     return prof, f"hardware profile {prof.name} (--hardware auto: {why}{more})"
 

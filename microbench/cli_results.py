@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, Sequence
 
-from microbench.cli import UsageError
+from microbench.cli import UsageError, _split
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -18,18 +18,31 @@ def _load(path: str) -> dict[str, Any]:
         raise UsageError(str(e)) from None
 
 
-def _selected(a: argparse.Namespace, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``--case`` / ``--variant`` / ``--axis`` applied to the loaded result files."""
-    from microbench.cli import _axis_picks, _split
+def _selected(a: argparse.Namespace, docs: list[dict[str, Any]],
+              also_base: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """``--case`` / ``--variant`` / ``--axis`` applied to the loaded result files;
+    ``also_base``: variants the first (base) file keeps besides (``--map-variant`` sources)."""
+    from microbench.cli import _axis_picks
     from microbench.results import ResultError, select
 
     cases, variants, axes = _split(a.case), _split(a.variant), _axis_picks(a.axis)
     if not (cases or variants or axes):
         return docs
+    extra = [v for v in also_base if v not in variants] if variants else []
     try:
-        return select(docs, cases, variants, axes)
+        out = select(docs, cases, [*variants, *extra], axes, parse=_parse_axis)
     except ResultError as e:
         raise UsageError(str(e)) from None
+    for d in out[1:]:  # a mapped source is the base's alone: the new file's is not compared
+        d["records"] = [r for r in d["records"] if r["variant"] not in extra]
+    return out
+
+
+def _parse_axis(case_id: str, axis: str, text: str) -> Any:
+    """An axis value as ``run --axis`` reads it for that case (``bytes=1K`` is 1024)."""
+    from microbench.cases import get_case
+
+    return get_case(case_id).parse_axis_value(axis, text)
 
 
 def cmd_report(a: argparse.Namespace) -> int:
@@ -57,9 +70,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if not sep or not old or not new:
             raise UsageError(f"--map-variant {item!r}: expected BASE_VARIANT=NEW_VARIANT")
         mapping[old] = new
-    if a.per_floor and a.relative:
-        raise UsageError("--per-floor and --relative are two different normalisations: choose one")
-    base, new = _selected(a, [_load(a.base), _load(a.new)])
+    if a.per_floor and (a.relative or a.probe_correct):
+        raise UsageError(f"--per-floor and {'--relative' if a.relative else '--probe-correct'} are two different "
+                         "normalisations: choose one")
+    sources = [src for src, dst in mapping.items() if dst in _split(a.variant)]
+    base, new = _selected(a, [_load(a.base), _load(a.new)], also_base=sources)
     result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
                                   probe_correct=a.probe_correct, relative=a.relative, per_floor=a.per_floor)
     print(compare.render(result, a.format), end="")
@@ -103,7 +118,7 @@ def add_parsers(sub: Any) -> None:
                         "robust to the machine moving between runs")
     c.add_argument("--per-floor", action="store_true",
                    help="compare each time over its record's floor (its own run's ceilings) instead of the time: "
-                        "runs on different GPUs compare in efficiency (not with --relative)")
+                        "runs on different GPUs compare in efficiency (not with --relative or --probe-correct)")
     c.add_argument("--probe-correct", action="store_true",
                    help="divide each ratio by the environment probe's ratio between the runs")
     c.add_argument("--map-variant", action="append", metavar="BASE=NEW",

@@ -41,7 +41,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
     print(f"microbench tune: suite {suite} on {device}: {len(p.items)} points"
           + (f", at most {a.max_trials} trials per search" if a.max_trials else ""), file=sys.stderr)
     try:
-        rows, written = tune(p.items, device, seed=a.seed, timing=timing, cache_bytes=env.l2_cache_bytes(device),
+        rows, _ = tune(p.items, device, seed=a.seed, timing=timing, cache_bytes=env.l2_cache_bytes(device),
                              max_trials=a.max_trials, out=a.out)
     except KeyboardInterrupt:
         print("interrupted: the tuning tables keep every search finished before", file=sys.stderr)
@@ -51,8 +51,6 @@ def cmd_tune(a: argparse.Namespace) -> int:
     if rows:
         print(tabulate(rows, headers="keys", tablefmt="github" if a.format == "markdown" else "simple",
                        disable_numparse=True))
-    for path in written:
-        print(f"tuning table: {path}", file=sys.stderr)
     return 0
 
 

@@ -185,9 +185,11 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     ``per_floor``: compare each record's time over its floor (the roofline at its own
     run's ceilings, measured in that run where it calibrated) instead of its time: for two
     runs on different GPUs (an H100 and an H200: 3.35 and 4.8 TB/s), a memory-bound kernel
-    that keeps its % of floor reads SAME. Not with ``relative`` (its ratios need no floor)."""
-    if per_floor and relative:
-        raise ValueError("per_floor and relative are two different normalisations: choose one")
+    that keeps its % of floor reads SAME. Not with ``relative`` (its ratios need no floor)
+    nor ``probe_correct`` (the probe's move between two GPUs is what the floors take out)."""
+    if per_floor and (relative or probe_correct):
+        raise ValueError(f"per_floor and {'relative' if relative else 'probe_correct'} are two different "
+                         "normalisations: choose one")
     vmap = dict(variant_map or {})
 
     def key(r: Mapping[str, Any], side: str) -> tuple:

@@ -99,6 +99,8 @@ def _merge(directory: str, writer: Any) -> int:
     writer.add(doc["records"])
     writer.doc["ranks"] = doc.get("ranks")
     writer.doc["run"]["world"] = doc["run"].get("world")
+    if doc["run"].get("summaries"):  # the multi-rank cases' lines beside this process's own
+        writer.doc["run"].setdefault("summaries", {}).update(doc["run"]["summaries"])
     if doc["run"].get("error"):
         writer.doc["run"]["ranks_error"] = doc["run"]["error"]
     writer.flush()

@@ -88,11 +88,16 @@ def crossovers(records: Iterable[dict[str, Any]], axis: str, baseline: str) -> l
     for (variant, rest), pts in groups.items():
         if len(pts) < 2:  # one value: the table's own ratio column says it all
             continue
+        if all(isinstance(v, (int, float)) for v, _ in pts):  # as the axis grows, whatever order it ran in
+            pts = sorted(pts, key=lambda p: p[0])
         trail = ", ".join(f"{v} ×{vb['ratio']:.2f}" + ("" if vb["label"] in ("FASTER", "SLOWER") else
                                                          f" ({vb['label']})") for v, vb in pts)
-        over = next((v for v, vb in pts if vb["label"] == "SLOWER"), None)
-        if over is not None:
-            verdict = f"{baseline} overtakes at {axis} = {over}"
+        at = next((i for i, (_, vb) in enumerate(pts) if vb["label"] == "SLOWER"), None)
+        if at is not None:
+            verdict = f"{baseline} overtakes at {axis} = {pts[at][0]}"
+            again = next((v for v, vb in pts[at + 1:] if vb["label"] == "FASTER"), None)
+            if again is not None:
+                verdict += f" ({variant} faster again at {axis} = {again})"
         elif all(vb["label"] == "FASTER" for _, vb in pts):
             verdict = f"{variant} faster at every {axis} measured (up to {pts[-1][0]})"
         else:

@@ -38,7 +38,7 @@ import re
 import socket
 import tempfile
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 SCHEMA = "microbench.result"
 SCHEMA_VERSION = 1
@@ -184,14 +184,17 @@ def validate(doc: Any, path: str = "result") -> None:
 
 
 def select(docs: Sequence[dict[str, Any]], cases: Sequence[str] = (), variants: Sequence[str] = (),
-           axes: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+           axes: Mapping[str, Sequence[str]] | None = None,
+           parse: Callable[[str, str, str], Any] | None = None) -> list[dict[str, Any]]:
     """The documents with only the records that match every filter given, for a table to
     paste: ``cases`` ids or dotted prefixes (``moe`` takes ``moe.experts``, ``moe.router``,
     ...), ``variants`` names, ``axes`` {name: values as text}. A name found in none of the
     documents raises ResultError listing what they hold, so a typo is not an empty table;
     each document keeps its own run and fingerprint, and the summary lines about what is
     shown: their case, every axis value they name, one of their variants (a line spanning
-    an axis, e.g. tokens, stays when that axis is narrowed)."""
+    an axis, e.g. tokens, stays when that axis is narrowed). ``parse(case_id, axis, text)``
+    reads a value as ``run --axis`` does (``bytes=1K`` is 1024); it may raise for any text
+    it does not take."""
     recs = [r for d in docs for r in d["records"]]
 
     def known(what: str, names: Iterable[str]) -> str:
@@ -211,14 +214,20 @@ def select(docs: Sequence[dict[str, Any]], cases: Sequence[str] = (), variants: 
     for v in variants:
         if not any(r["variant"] == v for r in recs):
             raise ResultError(f"--variant {v}: no such variant; " + known("variants", (r["variant"] for r in recs)))
+    wanted: dict[str, set[str]] = {}
     for name, values in (axes or {}).items():
         have = {str(r["axes"][name]) for r in recs if name in r["axes"]}
         if not have:
             raise ResultError(f"--axis {name}: no such axis; "
                               + known("axes", (a for r in recs for a in r["axes"])))
+        wanted[name] = set()
         for v in values:
-            if v not in have:
+            as_read = {v} | ({_parsed(parse, cid, name, v) for cid in {r["case"] for r in recs if name in r["axes"]}}
+                             if parse else set())
+            if not as_read & have:
                 raise ResultError(f"--axis {name}={v}: no such value; " + known(f"{name} values", have))
+            wanted[name] |= as_read & have
+    axes = wanted
 
     def keep(r: dict[str, Any]) -> bool:
         return (case_ok(r["case"]) and (not variants or r["variant"] in variants)
@@ -235,6 +244,13 @@ def select(docs: Sequence[dict[str, Any]], cases: Sequence[str] = (), variants: 
     if not any(d["records"] for d in out):
         raise ResultError("no record matches --case, --variant and --axis together")
     return out
+
+
+def _parsed(parse: Callable[[str, str, str], Any], case_id: str, axis: str, text: str) -> str:
+    try:
+        return str(parse(case_id, axis, text))
+    except Exception:  # noqa: BLE001 - a value the case does not read is matched as typed
+        return text
 
 
 def _shown(line: Any, variants: Sequence[str], axes: Mapping[str, Sequence[str]]) -> bool:

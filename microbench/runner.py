@@ -351,8 +351,8 @@ class Runner:
                 continue
             if lines:
                 summaries[case.id] = lines
-        if summaries and self.writer is not None:
-            self.writer.doc["run"]["summaries"] = summaries
+        if summaries and self.writer is not None:  # beside any a ranks' run brought in
+            self.writer.doc["run"].setdefault("summaries", {}).update(summaries)
         if self.writer is not None:
             self.writer.flush()
 

@@ -237,8 +237,8 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=Non
         warm += _warm([graph.replay], sync, opts.warmup_s, agreed) * n
 
         def take() -> float:
-            ready()
             torch.cuda._sleep(_LEAD_MIN_CYCLES)
+            ready()  # after the spin: the ranks' meeting stays next to the start event
             start.record()
             graph.replay()
             end.record()
@@ -261,8 +261,8 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=Non
             fn = calls[state["i"] % k]
             state["i"] += 1
             _flush_cache(flush, total)
-            ready()
             torch.cuda._sleep(lead)
+            ready()
             start.record()
             fn()
             end.record()

@@ -77,6 +77,12 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
     timing = timing or TimingOptions(budget_s=0.2, max_noise=0.01)
     rows: list[dict[str, Any]] = []
     written: list[str] = []
+
+    def saved(path: str | None) -> None:  # each table once, as "tuning table: PATH" (scripts read it)
+        if path and path not in written:
+            written.append(path)
+            log(f"tuning table: {path}")
+
     for i, (case, point) in enumerate(items, 1):
         log(f"[{i}/{len(items)}] {case.id} {point_label(point)}")
         trial = Trial(case, point, device, point_seed(seed, case.id, point), timing, cache_bytes, max_trials, log)
@@ -87,11 +93,10 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
             path = case.save_tuning(device, out)
             if path:
                 log(f"    interrupted after {trial.count} trials: the winners found so far are in {path}")
+            saved(path)
             raise
         for r in found:
             rows.append({"case": case.id, **point, **r})
-        path = case.save_tuning(device, out)
-        if path and path not in written:
-            written.append(path)
+        saved(case.save_tuning(device, out))
         log(f"    {trial.count} trials ({trial.rejected} rejected) in {time.perf_counter() - t0:.1f} s")
     return rows, written

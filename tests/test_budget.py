@@ -171,7 +171,7 @@ def _write_doc(tmp_path, name, gpu):
 
 
 @pytest.mark.parametrize(("gpus", "profile", "why"), [
-    ([], "h200-sxm", "no GPU result file given"),
+    ([], "h200-sxm", "no GPU result among the --results files"),
     (["NVIDIA H100 80GB HBM3"], "h100-sxm", "the GPU of the results, NVIDIA H100 80GB HBM3"),
     (["NVIDIA H200"], "h200-sxm", "the GPU of the results"),
     (["NVIDIA A100-SXM4-80GB"], "h200-sxm", "no shipped profile matches NVIDIA A100-SXM4-80GB"),

@@ -160,6 +160,8 @@ def test_the_model_sets_a_measured_layer_beside_its_prediction():
     launches = sum(x.launches["verify"] for x in b.moe_layer[:-1])
     assert b.model_as_measured[("verify", "eager")] == pytest.approx(
         max(b.totals["moe layer"][("verify", "eager")] - ar + stand_ins, launches * b.launch_cost.seconds))
+    d = b.to_dict()["measured_layer"]["verify/graph"]  # --json carries the comparison too
+    assert d["seconds"] == pytest.approx(100e-6) and d["model_error"] == pytest.approx(as_measured / 100e-6 - 1)
     text = render(b)
     assert "measured layer (layer.decoder, one rank)" in text and "model / measured - 1" in text
     assert "model of it (allreduces as its stand-ins)" in text

@@ -100,8 +100,9 @@ def test_tune_writes_a_table_that_run_then_uses(tmp_path, monkeypatch, capsys):
     got = {(e["kernel"], e["gemm"]) for e in table["entries"]}
     assert got == {("fused", "w13+w2"), ("few_token", "w13"), ("few_token", "w2")}
     assert all(e["tokens"] == 4 and e["weights"] == "bf16" for e in table["entries"])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "few_token" in out and "vs default" in out
+    assert err.count(f"\ntuning table: {tmp_path / 'cpu.json'}\n") == 1  # once, though two searches wrote it
     case = moe_cases.MoEExpertsCase()
     point = {"layout": "mini", "weights": "bf16", "tokens": 4, "routing": "router", "dtype": "fp16"}
     _, source = case.configs(point, "cpu")
@@ -134,6 +135,8 @@ def test_an_interrupted_tune_keeps_the_searches_it_finished(tmp_path, monkeypatc
     assert [(e["kernel"], e["gemm"]) for e in table["entries"]] == [("fused", "w13+w2")]
     err = capsys.readouterr().err
     assert "winners found so far" in err and "interrupted" in err
+    # the line scripts/gpu-check copies the table by, on an interrupted search too
+    assert f"\ntuning table: {tmp_path / 'cpu.json'}\n" in err
 
 
 def test_tune_rejects_bad_input(capsys):
@@ -181,6 +184,13 @@ def test_the_moe_summary_names_the_token_count_at_which_fused_overtakes():
         "4 ×0.45, 8 ×0.97 (UNSURE), 16 ×1.12, 32 ×1.60; fused overtakes at tokens = 16",
         "few_token / fused time by tokens (layout=kimi-tp8 weights=bf16 routing=router dtype=bf16): 1 ×0.50, "
         "4 ×0.50; few_token faster at every tokens measured (up to 4)"]
+    # points in any order (run --axis tokens=16,1,4) read as the axis grows; a variant that
+    # wins again after the baseline overtook it says so
+    shuffled = [_exp("few_token", 16, vb=_vb("FASTER", 0.7)), _exp("few_token", 1, vb=_vb("FASTER", 0.3)),
+                _exp("few_token", 4, vb=_vb("SLOWER", 1.1))]
+    (line,) = moe_cases.MoEExpertsCase().summarize(shuffled)
+    assert line["text"].endswith(": 1 ×0.30, 4 ×1.10, 16 ×0.70; fused overtakes at tokens = 4 "
+                                 "(few_token faster again at tokens = 16)")
     # level to the end (SAME), never slower: the baseline is faster nowhere
     same = [_exp("few_token", 1, vb=_vb("FASTER", 0.5)), _exp("few_token", 4, vb=_vb("SAME", 1.0))]
     assert moe_cases.MoEExpertsCase().summarize(same)[0]["text"].endswith("fused faster at no tokens measured (up to 4)")

@@ -146,3 +146,38 @@ def test_select_keeps_what_every_filter_matches_and_names_what_is_not_there():
     assert base["records"] == [] and len(newer["records"]) == 1
     with pytest.raises(ResultError, match="no record matches --case, --variant and --axis together"):
         select([doc, new], variants=["c"], axes={"weights": ["bf16"]})  # each exists, not together
+
+
+def test_select_reads_an_axis_value_as_run_does():
+    """``--axis bytes=1K`` names the 1024-byte point, as ``run --axis bytes=1K`` made it; a
+    text the case's parser refuses is matched as typed."""
+    from microbench.results import select
+
+    doc = _doc([_rec(case="comm.allreduce_sweep", axes={"bytes": b}) for b in (8, 1024)])
+
+    def parse(case_id, axis, text):
+        assert (case_id, axis) == ("comm.allreduce_sweep", "bytes")
+        if text.endswith("K"):
+            return int(text[:-1]) * 1024
+        raise ValueError(text)
+
+    (got,) = select([doc], axes={"bytes": ["1K"]}, parse=parse)
+    assert [r["axes"]["bytes"] for r in got["records"]] == [1024]
+    (got,) = select([doc], axes={"bytes": ["8", "1K"]}, parse=parse)
+    assert len(got["records"]) == 2
+    with pytest.raises(ResultError, match="--axis bytes=2K: no such value; bytes values in the result file: 1024, 8"):
+        select([doc], axes={"bytes": ["2K"]}, parse=parse)
+    with pytest.raises(ResultError, match="--axis bytes=1K: no such value"):
+        select([doc], axes={"bytes": ["1K"]})  # without the case's reading, as typed
+
+
+def test_the_ranks_file_brings_its_summaries_into_the_runs(tmp_path):
+    from microbench.ranks import _merge
+
+    ranks = ResultWriter(str(tmp_path / "ranks"), {}, FP)
+    ranks.add([_rec(case="comm.x")])
+    ranks.doc["run"]["summaries"] = {"comm.x": [{"text": "t", "axes": {}, "variants": []}]}
+    ranks.close(complete=True)
+    main = ResultWriter(str(tmp_path / "main"), {"summaries": {"c": ["mine"]}}, FP)
+    assert _merge(str(tmp_path / "ranks"), main) == 1
+    assert main.doc["run"]["summaries"] == {"c": ["mine"], "comm.x": [{"text": "t", "axes": {}, "variants": []}]}
