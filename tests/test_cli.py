@@ -94,7 +94,8 @@ def test_run_report_compare_round_trip(tmp_path, capsys):
     assert "verdicts: 1 SAME" in capsys.readouterr().out
     assert main(["compare", path, path, "--per-floor"]) == 0  # no calibration in this run, no profile on a CPU
     out = capsys.readouterr().out
-    assert "(% floor)" in out and ("verdicts: 2 SAME" in out or "no floor for this point" in out)
+    # on a CPU no ceiling was measured here and no profile applies; on a GPU its profile does
+    assert "(% floor)" in out and ("no floor for this point" if DEVICE == "cpu" else "verdicts: 2 SAME") in out
     assert main(["compare", path, path, "--per-floor", "--relative"]) == 2
     assert "choose one" in capsys.readouterr().err
     assert main(["report", path, "--variant", "tritn"]) == 2
