@@ -10,7 +10,8 @@ from typing import Any
 def cmd_model(a: argparse.Namespace) -> int:
     import json as _json
 
-    from microbench.budget import MODES, Scenario, budget, render
+    from microbench.budget import MODES, Scenario, budget
+    from microbench.budget_table import render
     from microbench.measured import Measured
     from microbench.models import ParallelLayout, load_model
     from microbench.cli import UsageError

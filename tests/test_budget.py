@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from microbench.budget import Scenario, budget, render
+from microbench.budget import Scenario, budget
+from microbench.budget_table import render
 from microbench.cli import main
 from microbench.hardware import load_profile
 from microbench.measured import Measured

@@ -129,7 +129,8 @@ def test_kimi_layer_on_the_gpu_eager_and_graph_with_launch_counts():
 
 
 def test_the_model_sets_a_measured_layer_beside_its_prediction():
-    from microbench.budget import Scenario, budget, render
+    from microbench.budget import Scenario, budget
+    from microbench.budget_table import render
     from microbench.hardware import load_profile
     from microbench.measured import Measured
     from microbench.models import ParallelLayout, load_model
