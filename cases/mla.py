@@ -95,6 +95,20 @@ class MLAVerifyCase(Case):
             return "decode handles one token per request: see the decode x q_len column"
         return None
 
+    def targets(self) -> Sequence[Any]:
+        """The verify kernel's bars at Kimi-K2.5 TP8 shapes on an H200 (q_len 4, batch 1
+        unless a bar says otherwise), for both of its tile layouts."""
+        from microbench.targets import Target
+
+        mine = ("verify", "verify_dv2")
+        long = tuple(c for c in self.axes("verify")["context"] if c >= 16384)
+        return [Target("8x the extend kernel at q_len 4, batch 1, 16K keys", mine, "speedup", 8.0, ref="extend",
+                       where={"draft_tokens": (4,), "batch": (1,), "context": (16384,)}, stated_for="h200-sxm"),
+                Target("80% of the copy floor at q_len 4, batch 16, 16K keys and more", mine, "floor", 0.80,
+                       where={"draft_tokens": (4,), "batch": (16,), "context": long}, stated_for="h200-sxm"),
+                Target("within 10% of the decode kernel at q_len 1, batch 1", mine, "time_ratio", 1.10, ref="decode",
+                       where={"draft_tokens": (1,), "batch": (1,)}, stated_for="h200-sxm")]
+
     def setup(self, point: Point, device: str, seed: int) -> Workload:
         from microbench.cases.mla_inputs import make_mla_inputs
         from microbench.kernels.mla_common import mla_cost

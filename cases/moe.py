@@ -250,6 +250,18 @@ class MoEExpertsCase(Case):
     def skip(self, point: Point, device: str) -> str | None:
         return _skip_dtype(point, device)
 
+    def targets(self) -> Sequence[Any]:
+        """The few-token kernel's bars at Kimi-K2.5 TP8, T = 4 with the router's choices
+        (about 31 experts), INT4 and bf16, on an H200; the rows show the configuration each
+        kernel ran (the fused baseline's should be its tuned one) and the experts touched."""
+        from microbench.targets import Target
+
+        at = {"layout": ("kimi-tp8",), "tokens": (4,), "routing": ("router",)}
+        return [Target("70% of the weight-streaming floor at Kimi-K2.5 TP8, T = 4", ("few_token",), "floor", 0.70,
+                       where=at, stated_for="h200-sxm", details=("experts", "config")),
+                Target("1.5x the fused kernel at Kimi-K2.5 TP8, T = 4", ("few_token",), "speedup", 1.5, ref=self.baseline,
+                       where=at, stated_for="h200-sxm", details=("config",))]
+
     def table(self, device: str):
         from microbench.kernels.moe_common import TuningTable
 

@@ -240,6 +240,12 @@ class Case:
         ``run.summaries`` and printed under the case's table."""
         return []
 
+    def targets(self) -> Sequence[Any]:
+        """The speed goals this case's variants are meant to reach, each a
+        :class:`microbench.targets.Target` (a bar at some of the case's points);
+        ``microbench targets`` reads them against a result file. Default: none."""
+        return ()
+
     def tune(self, point: Point, device: str, trial: Any) -> list[dict[str, Any]]:
         """Search this point's launch configurations (``microbench tune``); ``trial(fn,
         workload, expected, label)`` gates and times one candidate and returns its median

@@ -294,6 +294,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         return 1
     path = writer.close(complete=True)
     print(report.render(writer.doc, a.format), end="")
+    from microbench.targets import for_run
+
+    goals = for_run(writer.doc, a.format)  # a GPU run that reached a case's speed-target points
+    print("\n" + goals if goals else "", end="")
     print(f"results: {path}", file=sys.stderr)
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any, Sequence
 
@@ -83,6 +84,36 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_targets(a: argparse.Namespace) -> int:
+    from microbench import targets
+    from microbench.cases import all_cases
+
+    stated = {c.id: list(c.targets()) for c in all_cases() if c.targets()}
+    doc = _load(a.result)
+    # --variant keeps what a kept variant is measured against
+    refs = {t.ref for ts in stated.values() for t in ts if t.ref} & {r["variant"] for r in doc["records"]}
+    (doc,) = _selected(a, [doc], also_base=sorted(refs))
+    held = {r["case"] for r in doc["records"]}
+    wanted = {cid: ts for cid, ts in stated.items() if cid in held}
+    if a.variant:  # the bars of the variants asked for
+        keep = _split(a.variant)
+        wanted = {cid: [dataclasses.replace(t, variants=tuple(v for v in t.variants if v in keep))
+                        for t in ts if set(t.variants) & set(keep)] for cid, ts in wanted.items()}
+        wanted = {cid: ts for cid, ts in wanted.items() if ts}
+        if not wanted:
+            print(f"no speed target is stated for {', '.join(keep)} in {a.result} (targets' variants: "
+                  + ", ".join(sorted({v for ts in stated.values() for t in ts for v in t.variants})) + ")")
+            return 0
+    if not wanted:
+        print(f"no case in {a.result} states a speed target (cases that do: {', '.join(stated) or 'none'})")
+        return 0
+    rows = targets.evaluate(wanted, doc)
+    print(targets.render(doc, rows, a.format), end="")
+    if a.fail_on == "missed" and any(r["verdict"] == "MISSED" for r in rows):
+        return 1
+    return 0
+
+
 def _quantile(text: str) -> float:
     if text == "median":
         return 0.5
@@ -133,3 +164,15 @@ def add_parsers(sub: Any) -> None:
                      "(matplotlib)")
     _add_selection(rep)
     rep.set_defaults(func=cmd_report)
+
+    tg = sub.add_parser("targets", help="a result file against the speed targets its cases state (MET/MISSED/UNSURE)",
+                        description="Each speed target a case states (a bar at some of its points: a speed-up over "
+                                    "another variant, a time ratio, a fraction of the floor), read against a result "
+                                    "file: one row per variant and point, with the measured value, its 95% interval "
+                                    "and a verdict (MET / MISSED: the whole interval on that side of the bar; "
+                                    "UNSURE: it straddles the bar; NO TIME: the point ran but has no time).")
+    tg.add_argument("result", help="a result file (.json, or .json.gz)")
+    tg.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
+    tg.add_argument("--fail-on", choices=["missed"], help="exit 1 when any row is MISSED")
+    _add_selection(tg)
+    tg.set_defaults(func=cmd_targets)

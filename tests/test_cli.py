@@ -295,6 +295,9 @@ def test_gpu_check_model_and_report_steps_run_on_a_gpu_result_file(tmp_path):
     assert "### moe.experts" in (tmp_path / "table.md").read_text()
     head = (tmp_path / "headline.md").read_text()
     assert "--case attention.mla_verify: no such case" in head and "### moe.experts" in head
+    # the speed targets: the point ran, the baseline was skipped and the few-token kernel has no record
+    assert "#### Speed targets" in head and "few_token: not in this file; fused: SKIPPED (r)" in head
+    assert "2 NO TIME" in head and "bars stated for h200-sxm; this run's GPU is NVIDIA H100 80GB HBM3" in head
 
 
 def test_plan_sizes_a_gpu_run_without_a_gpu_and_runs_nothing(tmp_path, capsys):

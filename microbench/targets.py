@@ -1,0 +1,251 @@
+"""Speed targets: the bars a case sets for its own points, read against a result file.
+
+A case states what its kernels are meant to reach (:meth:`Case.targets`), e.g. "the
+verify kernel at least 8x faster than the extend kernel at q_len 4, batch 1, 16K keys".
+:func:`evaluate` reads each :class:`Target` against a run's records and gives one row per
+(variant, point) it covers, with the measured value, its 95% interval and a verdict:
+
+========  ====================================================================
+MET       the whole interval is on the bar's side
+MISSED    the whole interval is on the other side
+UNSURE    the interval straddles the bar (more samples, or a quieter machine, decide)
+NO TIME   the point ran but the variant (or the one it is measured against) has no
+          time: FAILED its correctness gate, SKIPPED, ... (the reason is given)
+========  ====================================================================
+
+The measures (``kind``):
+
+- ``speedup``: time of ``ref`` / time of the variant at the same point, at least ``bar``;
+  its interval is the table's own "vs baseline" verdict where ``ref`` is the case's
+  baseline (paired when the run interleaved), else a bootstrap of the two medians;
+- ``time_ratio``: time of the variant / time of ``ref``, at most ``bar`` ("within 10%
+  of the decode kernel" is ``time_ratio`` 1.10);
+- ``floor``: the record's floor (bytes / measured bandwidth, the roofline) / its median
+  time, at least ``bar``; the interval is the median's distribution-free one.
+
+A bar is stated for one GPU (``stated_for``, a hardware profile name): on another the
+rows still say where the kernels stand, and the table says whose bar it is. Nothing here
+knows a kernel; the case names its variants, axes and bars.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+__all__ = ["KINDS", "VERDICTS", "Target", "evaluate", "for_run", "render"]
+
+#: kind -> (the direction a value must lie from the bar, how it reads)
+KINDS = {"speedup": (">=", "x"), "time_ratio": ("<=", "x"), "floor": (">=", "%")}
+VERDICTS = ("MET", "MISSED", "UNSURE", "NO TIME")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One bar: ``variants`` measured by ``kind`` against ``bar`` at the points whose axes
+    take the values in ``where`` (an axis left out: any value).
+
+    ``text``: the goal as a sentence ("8x the extend kernel at q_len 4, batch 1, 16K keys");
+    ``ref``: the variant a ``speedup`` or ``time_ratio`` is measured against;
+    ``stated_for``: the hardware profile the bar is stated for ("h200-sxm"), "" for any;
+    ``details``: derived columns of the records involved to show beside the verdict
+    (e.g. which launch configuration the baseline ran).
+    """
+
+    text: str
+    variants: tuple[str, ...]
+    kind: str
+    bar: float
+    where: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    ref: str | None = None
+    stated_for: str = ""
+    details: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Target {self.text!r}: kind {self.kind!r}, expected one of {', '.join(KINDS)}")
+        if not (isinstance(self.bar, (int, float)) and math.isfinite(self.bar) and self.bar > 0):
+            raise ValueError(f"Target {self.text!r}: bar must be a positive number, got {self.bar!r}")
+        if isinstance(self.variants, str) or not self.variants:
+            raise ValueError(f"Target {self.text!r}: variants must be a non-empty tuple of names")
+        if (self.ref is None) == (self.kind != "floor"):
+            raise ValueError(f"Target {self.text!r}: kind {self.kind!r} "
+                             + ("needs ref, the variant it is measured against" if self.ref is None
+                                else "takes no ref"))
+        for axis, values in self.where.items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)) or not values:
+                raise ValueError(f"Target {self.text!r}: where[{axis!r}] must be a non-empty tuple of values")
+
+    def covers(self, axes: Mapping[str, Any]) -> bool:
+        return all(k in axes and axes[k] in v for k, v in self.where.items())
+
+    def bar_text(self) -> str:
+        op, unit = KINDS[self.kind]
+        return f"{'≥' if op == '>=' else '≤'} " + _fmt(self.bar, unit)
+
+
+def _fmt(x: float, unit: str) -> str:
+    if not math.isfinite(x):
+        return "∞" if x > 0 else "-"
+    return f"{100 * x:.1f}%" if unit == "%" else f"{x:.2f}×"
+
+
+def _judge(lo: float, hi: float, bar: float, op: str) -> str:
+    if op == ">=":
+        return "MET" if lo >= bar else "MISSED" if hi < bar else "UNSURE"
+    return "MET" if hi <= bar else "MISSED" if lo > bar else "UNSURE"
+
+
+def _timed(r: dict[str, Any] | None) -> bool:
+    return bool(r) and r["status"] == "OK" and bool((r.get("timing") or {}).get("samples_s"))
+
+
+def _why_untimed(name: str, r: dict[str, Any] | None) -> str:
+    if r is None:
+        return f"{name}: not in this file"
+    if r["status"] != "OK":
+        return f"{name}: {r['status']}" + (f" ({r['reason']})" if r.get("reason") else "")
+    return f"{name}: no samples"
+
+
+def _measure(t: Target, rec: dict[str, Any], ref: dict[str, Any] | None,
+             min_effect: float) -> tuple[float, float, float]:
+    """(value, lo, hi) of ``t``'s measure for ``rec`` (against ``ref``)."""
+    from microbench.stats import median_ci
+    from microbench.verdicts import compare_samples
+
+    if t.kind == "floor":
+        tm = rec["timing"]["summary"]["median"]
+        lo_t, hi_t = median_ci(rec["timing"]["samples_s"])
+        floor = rec["floor_s"]
+        return floor / tm, (floor / hi_t if math.isfinite(hi_t) else 0.0), (floor / lo_t if lo_t > 0 else math.inf)
+    assert ref is not None
+    vb = rec.get("vs_baseline")
+    if vb and rec.get("baseline") == t.ref:  # the table's own verdict: ratio = variant / ref
+        ratio, lo, hi = vb["ratio"], vb["lo"], vb["hi"]
+    else:
+        v = compare_samples(ref["timing"]["samples_s"], rec["timing"]["samples_s"], min_effect=min_effect)
+        ratio, lo, hi = v.ratio, v.lo, v.hi
+    if t.kind == "time_ratio":
+        return ratio, lo, hi
+    return 1.0 / ratio, (1.0 / hi if hi > 0 else 0.0), (1.0 / lo if lo > 0 else math.inf)
+
+
+def _key(axes: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in axes.items()))
+
+
+def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (case, target, variant, point) of ``doc`` that a target covers:
+    ``{"case", "target", "variant", "point", "value", "lo", "hi", "verdict", "why",
+    "details"}``. A target none of whose points is in the file gives one row, verdict
+    None, saying so."""
+    from microbench.case import point_label
+
+    min_effect = float((doc.get("run") or {}).get("min_effect") or 0.02)
+    rows: list[dict[str, Any]] = []
+    for case_id, targets in case_targets.items():
+        recs = [r for r in doc["records"] if r["case"] == case_id]
+        by = {(_key(r["axes"]), r["variant"]): r for r in recs}
+        for t in targets:
+            points = list({_key(r["axes"]): r["axes"] for r in recs if t.covers(r["axes"])}.values())
+            base = {"case": case_id, "target": t, "value": None, "lo": None, "hi": None, "details": ""}
+            if not points:
+                rows.append({**base, "variant": ", ".join(t.variants), "point": "-", "verdict": None,
+                             "why": "no such point in this file"})
+                continue
+            varying = [a for a in points[0] if len({repr(p.get(a)) for p in points}) > 1]
+            for v in t.variants:
+                for p in points:
+                    rec, ref = by.get((_key(p), v)), (by.get((_key(p), t.ref)) if t.ref else None)
+                    row = {**base, "variant": v, "point": point_label({a: p[a] for a in varying}) or "-",
+                           "why": ""}
+                    shown = [x for x in (rec, ref) if x]
+                    row["details"] = "; ".join(f"{x['variant']} {k}={x['derived'][k]}" for x in shown
+                                               for k in t.details if k in (x.get("derived") or {}))
+                    missing = [(n, x) for n, x in ((v, rec), (t.ref, ref)) if n and not _timed(x)]
+                    if not missing and t.kind == "floor" and not rec.get("floor_s"):
+                        missing = [(v, None)]
+                        row["why"] = f"{v}: no floor (no measured or profiled ceiling for this run)"
+                    if missing:
+                        row["verdict"] = "NO TIME"
+                        row["why"] = row["why"] or "; ".join(_why_untimed(n, x) for n, x in missing)
+                        rows.append(row)
+                        continue
+                    value, lo, hi = _measure(t, rec, ref, min_effect)
+                    row.update(value=value, lo=lo, hi=hi, verdict=_judge(lo, hi, t.bar, KINDS[t.kind][0]))
+                    rows.append(row)
+    return rows
+
+
+def _gpu_note(doc: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Whose bars these are, against what this run ran on."""
+    from microbench.hardware import profile_for_device_name
+
+    run, fp = doc.get("run") or {}, doc.get("fingerprint") or {}
+    name = (fp.get("device") or {}).get("name") or str(run.get("device") or "?")
+    stated = sorted({r["target"].stated_for for r in rows if r["target"].stated_for})
+    notes = []
+    if str(run.get("device", "")).startswith("cpu"):
+        notes.append(f"a CPU run ({name}): the bars are GPU goals and CPU times (Triton under the interpreter, "
+                     "reduced shapes) say nothing of them, so no row is judged; a GPU run fills these rows")
+    elif stated:
+        prof = profile_for_device_name(name)
+        here = prof.name if prof else None
+        other = [s for s in stated if s != here]
+        if other:
+            notes.append(f"bars stated for {', '.join(other)}; this run's GPU is {name}"
+                         f" ({'profile ' + here if here else 'no shipped profile'}): each row is where the kernels "
+                         "stand on this GPU against that bar, not the bar's verdict on its own GPU")
+    if not run.get("complete", True):
+        notes.append("INCOMPLETE run: points it did not reach read 'no such point in this file'")
+    return notes
+
+
+def render(doc: dict[str, Any], rows: Sequence[dict[str, Any]], fmt: str = "text") -> str:
+    """The rows as a table (text | markdown | csv) with the run's device, and what the
+    verdicts say, under it."""
+    from microbench.report import render_table
+
+    head = ["case", "target", "variant", "point", "measured", "95% interval", "bar", "verdict", "details"]
+    run = doc.get("run") or {}
+    on_cpu = str(run.get("device", "")).startswith("cpu")
+    table = []
+    for r in rows:
+        t: Target = r["target"]
+        unit = KINDS[t.kind][1]
+        if r["value"] is None:
+            measured, interval = "-", "-"
+        else:
+            measured = _fmt(r["value"], unit)
+            interval = f"[{_fmt(r['lo'], unit)}, {_fmt(r['hi'], unit)}]"
+        verdict = "n/a (CPU)" if on_cpu and r["value"] is not None else r["verdict"] or "-"
+        detail = "; ".join(x for x in (r["why"], r["details"]) if x)
+        table.append([r["case"], t.text, r["variant"], r["point"], measured, interval, t.bar_text(), verdict, detail])
+    out = render_table(table, head, fmt)
+    if fmt == "csv":
+        return out
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+    tally = ("no verdicts on a CPU run" if on_cpu
+             else ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no row with a time")
+    lines = [f"speed targets of run {run.get('id', '?')} ({run.get('device', '?')}): {tally}"]
+    lines += _gpu_note(doc, rows)
+    lines.append("MET / MISSED: the whole 95% interval is on that side of the bar; UNSURE: it straddles the bar")
+    if fmt == "markdown":
+        return "#### Speed targets\n\n" + out + "\n" + "".join(f"_{x}_  \n" for x in lines)
+    return "== speed targets ==\n" + out + "\n" + "\n".join(lines) + "\n"
+
+
+def for_run(doc: dict[str, Any], fmt: str = "text") -> str:
+    """The speed-target table ``microbench run`` prints after a GPU run's tables: the
+    targets of the cases it ran, when at least one of their rows got a time; "" otherwise
+    (a CPU run, a run of other cases or shapes, CSV output)."""
+    from microbench.cases import all_cases
+
+    if fmt == "csv" or str((doc.get("run") or {}).get("device", "")).startswith("cpu"):
+        return ""
+    held = {r["case"] for r in doc["records"]}
+    stated = {c.id: list(c.targets()) for c in all_cases() if c.id in held and c.targets()}
+    rows = [r for r in evaluate(stated, doc) if r["verdict"] is not None]
+    return render(doc, rows, fmt) if any(r["value"] is not None for r in rows) else ""

@@ -1,0 +1,191 @@
+"""Speed targets: declarations checked, verdicts read off intervals, and every shipped
+target able to find its points in a GPU run of the verify suite."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from microbench import targets
+from microbench.cases import all_cases
+from microbench.case import expand
+from microbench.targets import Target
+
+US = 1e-6
+
+
+def _rec(variant, axes, median, n=60, sigma=0.01, seed=0, status="OK", case="c.k", floor=None, baseline="base",
+         reason=None):
+    rng = np.random.default_rng(seed)
+    samples = list(median * np.exp(rng.normal(0.0, sigma, n)))
+    r = {"case": case, "axes": dict(axes), "variant": variant, "baseline": baseline, "device": "cuda",
+         "status": status, "reason": reason}
+    if status == "OK":
+        r["timing"] = {"samples_s": samples, "summary": {"median": float(np.median(samples)), "count": n}}
+        if floor is not None:
+            r["floor_s"] = floor
+    return r
+
+
+def _doc(records, device="cuda", gpu="NVIDIA H200", complete=True):
+    return {"run": {"id": "r1", "device": device, "min_effect": 0.02, "complete": complete},
+            "fingerprint": {"device": {"name": gpu}}, "records": records}
+
+
+def _rows(t, recs, **kw):
+    return targets.evaluate({"c.k": [t]}, _doc(recs, **kw))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"kind": "faster"}, "kind 'faster'"),
+    ({"bar": 0}, "bar must be a positive number"),
+    ({"bar": float("nan")}, "bar must be a positive number"),
+    ({"variants": "new"}, "non-empty tuple"),
+    ({"ref": None}, "needs ref"),
+    ({"kind": "floor"}, "takes no ref"),
+    ({"where": {"t": 4}}, r"where\['t'\]"),
+    ({"where": {"t": ()}}, r"where\['t'\]"),
+])
+def test_bad_target_is_refused_naming_the_field(kw, msg):
+    args = {"text": "x", "variants": ("new",), "kind": "speedup", "bar": 2.0, "ref": "base", **kw}
+    with pytest.raises(ValueError, match=msg):
+        Target(**args)
+
+
+def test_speedup_verdicts_follow_the_interval():
+    """2x a reference that is 2.4x, 1.6x and exactly 2x slower: MET, MISSED, UNSURE
+    (the interval of a ratio that sits on the bar straddles it)."""
+    t = Target("2x base", ("new",), "speedup", 2.0, ref="other")
+    for ratio, want in ((2.4, "MET"), (1.6, "MISSED"), (2.0, "UNSURE")):
+        recs = [_rec("new", {"t": 4}, 10 * US, seed=1), _rec("other", {"t": 4}, ratio * 10 * US, seed=2)]
+        (row,) = _rows(t, recs)
+        assert row["verdict"] == want, (ratio, row)
+        assert row["lo"] <= row["value"] <= row["hi"] and abs(row["value"] - ratio) < 0.02 * ratio
+
+
+def test_speedup_over_the_baseline_is_the_tables_own_verdict():
+    """Against the case's baseline the row reuses the record's vs_baseline (paired when the
+    run interleaved), so the targets and the table never disagree."""
+    t = Target("2x base", ("new",), "speedup", 2.0, ref="base")
+    new = _rec("new", {"t": 4}, 10 * US)
+    new["vs_baseline"] = {"ratio": 0.25, "lo": 0.24, "hi": 0.26, "label": "FASTER"}
+    (row,) = _rows(t, [new, _rec("base", {"t": 4}, 20 * US)])
+    assert row["value"] == pytest.approx(4.0) and row["lo"] == pytest.approx(1 / 0.26) and row["verdict"] == "MET"
+
+
+def test_time_ratio_and_floor():
+    within = Target("within 10% of decode", ("new",), "time_ratio", 1.10, ref="decode")
+    recs = [_rec("new", {"t": 1}, 10.4 * US, seed=3), _rec("decode", {"t": 1}, 10 * US, seed=4),
+            _rec("new", {"t": 2}, 13 * US, seed=5), _rec("decode", {"t": 2}, 10 * US, seed=6)]
+    rows = {r["point"]: r for r in _rows(within, recs)}
+    assert rows["t=1"]["verdict"] == "MET" and rows["t=2"]["verdict"] == "MISSED"
+    assert rows["t=2"]["value"] == pytest.approx(1.3, rel=0.02)
+    floor = Target("80% of the floor", ("new",), "floor", 0.8)
+    recs = [_rec("new", {"t": 1}, 10 * US, floor=9 * US), _rec("new", {"t": 2}, 10 * US, floor=7 * US),
+            _rec("new", {"t": 3}, 10 * US, n=4, floor=9 * US)]
+    rows = {r["point"]: r for r in _rows(floor, recs)}
+    assert rows["t=1"]["verdict"] == "MET" and rows["t=1"]["value"] == pytest.approx(0.9, rel=0.01)
+    assert rows["t=2"]["verdict"] == "MISSED"
+    # four samples: no interval for the median, so no verdict either way
+    assert rows["t=3"]["verdict"] == "UNSURE" and rows["t=3"]["hi"] == math.inf
+
+
+def test_rows_without_a_time_say_why():
+    t = Target("2x other", ("new", "alt"), "speedup", 2.0, ref="other", where={"t": (4,)})
+    recs = [_rec("new", {"t": 4}, 10 * US), _rec("other", {"t": 4}, 0, status="FAILED", reason="max abs err 3.1"),
+            _rec("alt", {"t": 4}, 0, status="SKIPPED", reason="not on this GPU"), _rec("new", {"t": 8}, 10 * US)]
+    rows = {r["variant"]: r for r in _rows(t, recs)}
+    assert rows["new"]["verdict"] == "NO TIME" and rows["new"]["why"] == "other: FAILED (max abs err 3.1)"
+    assert rows["alt"]["why"] == "alt: SKIPPED (not on this GPU); other: FAILED (max abs err 3.1)"
+    # a floor target on a record with no floor (no ceiling) has no time to judge either
+    (row,) = _rows(Target("floor", ("new",), "floor", 0.5), [_rec("new", {"t": 4}, 10 * US)])
+    assert row["verdict"] == "NO TIME" and "no floor" in row["why"]
+    # points the file does not hold: one row, no verdict
+    (row,) = _rows(Target("far", ("new",), "floor", 0.5, where={"t": (64,)}), recs)
+    assert row["verdict"] is None and row["why"] == "no such point in this file"
+
+
+def test_render_names_whose_bar_it_is():
+    t = Target("2x other", ("new",), "speedup", 2.0, ref="other", stated_for="h200-sxm", details=("config",))
+    recs = [_rec("new", {"t": 4}, 10 * US), _rec("other", {"t": 4}, 30 * US)]
+    recs[1]["derived"] = {"config": "tuned"}
+    doc = _doc(recs, gpu="NVIDIA H100 80GB HBM3")
+    text = targets.render(doc, targets.evaluate({"c.k": [t]}, doc), "markdown")
+    assert "| MET " in text and "other config=tuned" in text and "1 MET" in text
+    assert "bars stated for h200-sxm; this run's GPU is NVIDIA H100 80GB HBM3 (profile h100-sxm)" in text
+    doc = _doc(recs, gpu="NVIDIA H200")
+    assert "bars stated for" not in targets.render(doc, targets.evaluate({"c.k": [t]}, doc))
+    # a CPU run shows what it measured and judges nothing
+    doc = _doc(recs, device="cpu", complete=False)
+    text = targets.render(doc, targets.evaluate({"c.k": [t]}, doc))
+    (row,) = [line for line in text.splitlines() if line.startswith("c.k")]
+    assert "n/a (CPU)" in row and "MET" not in row and "no verdicts on a CPU run" in text
+    assert "INCOMPLETE run" in text
+
+
+def test_every_shipped_target_finds_its_points_in_the_verify_suite():
+    """A target's variants, reference and axis values are the case's own, and the verify
+    suite on a GPU runs at least one point of each (a typo would leave the bar unread)."""
+    seen = 0
+    for case in all_cases():
+        names = {v.name for v in case.variants()}
+        axes = case.axes("verify", "cuda")
+        for t in case.targets():
+            seen += 1
+            assert set(t.variants) <= names and (t.ref is None or t.ref in names), (case.id, t.text)
+            for axis, values in t.where.items():
+                assert axis in axes and set(values) <= set(axes[axis]), (case.id, t.text, axis)
+            points = [p for p in expand(axes) if t.covers(p) and case.skip(p, "cuda") is None]
+            assert points, (case.id, t.text)
+            for v in (*t.variants, *([t.ref] if t.ref else [])):
+                assert any(case.skip_variant(v, p, "cuda") is None for p in points), (case.id, t.text, v)
+    assert seen >= 5
+
+
+def test_cli_targets(tmp_path, capsys):
+    from microbench.cli import main
+
+    recs = [_rec("verify", {"batch": 1, "draft_tokens": 4, "context": 16384}, 10 * US, case="attention.mla_verify",
+                 baseline="extend"),
+            _rec("extend", {"batch": 1, "draft_tokens": 4, "context": 16384}, 50 * US, case="attention.mla_verify",
+                 baseline="extend")]
+    from microbench.results import SCHEMA, SCHEMA_VERSION
+
+    def write(doc):
+        path.write_text(json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **doc}))
+
+    path = tmp_path / "run.json"
+    write(_doc(recs))
+    assert main(["targets", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "8x the extend kernel" in out and "5.00×" in out and "MISSED" in out
+    assert main(["targets", str(path), "--fail-on", "missed"]) == 1
+    capsys.readouterr()
+    # --variant keeps the variant a kept one is measured against, and leaves the others' rows out
+    assert main(["targets", str(path), "--variant", "verify"]) == 0
+    out = capsys.readouterr().out
+    assert "5.00×" in out and "extend: not in this file" not in out and "verify_dv2" not in out
+    assert main(["targets", str(path), "--variant", "extend"]) == 0
+    assert "no speed target is stated for extend" in capsys.readouterr().out
+    assert main(["targets", str(path), "--case", "moe"]) == 2  # no such case in the file
+    assert "--case moe: no such case" in capsys.readouterr().err
+    write(_doc([_rec("x", {"t": 1}, US, case="norm.rmsnorm")]))
+    assert main(["targets", str(path)]) == 0
+    assert "states a speed target (cases that do: attention.mla_verify, moe.experts)" in capsys.readouterr().out
+
+
+def test_a_gpu_run_prints_the_targets_it_reached():
+    """`microbench run` adds the table after a GPU run that timed a target's points: not
+    after a CPU run, nor one whose points none of the targets covers."""
+    at = {"batch": 1, "draft_tokens": 1, "context": 1024, "page": 1, "dtype": "bf16"}
+    recs = [_rec("verify", at, 10 * US, case="attention.mla_verify", baseline="extend"),
+            _rec("decode", at, 10 * US, seed=9, case="attention.mla_verify", baseline="extend")]
+    text = targets.for_run(_doc(recs), "markdown")
+    assert "within 10% of the decode kernel" in text and "| context=1024" not in text and "| MET " in text
+    assert "8x the extend kernel" not in text  # the points it did not reach are not listed
+    assert targets.for_run(_doc(recs, device="cpu")) == "" and targets.for_run(_doc(recs), "csv") == ""
+    far = [dict(r, axes={**at, "batch": 4}) for r in recs]
+    assert targets.for_run(_doc(far)) == ""
