@@ -88,5 +88,27 @@ def render(b: Budget, fmt: str = "text", modes: tuple[str, ...] = MODES) -> str:
                        tablefmt=tablefmt, disable_numparse=True)
     nl = "  \n" if fmt == "markdown" else "\n"
     foot = nl.join(f"[{i}] {n}" for i, n in enumerate(notes, 1))
-    extra = nl.join(b.notes)
+    extra = nl.join([*b.notes, *layer_replay_lines(b)])
     return f"{head}\n\n{table}\n{foot}\n\n{summary}\n{extra}\n"
+
+
+#: The layer's speed target: under graph replay the composed layer takes at most this many
+#: times the sum of its kernels measured alone.
+LAYER_REPLAY_BAR = 1.2
+
+
+def layer_replay_lines(b: Budget) -> list[str]:
+    """Per phase with a measured layer under graph replay: the measured layer over the
+    model of it (the sum of its kernels, each priced alone: measured where the results
+    have it, else its roofline line), against :data:`LAYER_REPLAY_BAR`."""
+    out = []
+    for p in PHASES:
+        got = b.measured_layer.get((p, "graph"))
+        if got is None:
+            continue
+        ratio = got.seconds / b.model_as_measured[(p, "graph")]
+        out.append(f"layer under graph replay, {p}: measured {fmt_us(got.seconds)} us = {ratio:.2f}x the sum of its "
+                   f"kernels priced alone ({fmt_us(b.model_as_measured[(p, 'graph')])} us; the lines' sources "
+                   f"above say which were measured): {'within' if ratio <= LAYER_REPLAY_BAR else 'over'} the "
+                   f"{LAYER_REPLAY_BAR:g}x target (one measurement against a model: no interval)")
+    return out

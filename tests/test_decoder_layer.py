@@ -166,6 +166,13 @@ def test_the_model_sets_a_measured_layer_beside_its_prediction():
     text = render(b)
     assert "measured layer (layer.decoder, one rank)" in text and "model / measured - 1" in text
     assert "model of it (allreduces as its stand-ins)" in text
+    # the layer's speed target, read off the graph-mode comparison (decode has no measurement)
+    ratio = 100e-6 / as_measured
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("layer under graph replay")]
+    assert line.startswith(f"layer under graph replay, verify: measured 100.0 us = {ratio:.2f}x the sum of its kernels")
+    assert ("within the 1.2x target" if ratio <= 1.2 else "over the 1.2x target") in line
+    b.measured_layer[("verify", "graph")] = type(b.measured_layer[("verify", "graph")])(1.3 * as_measured, "m")
+    assert "= 1.30x the sum of its kernels" in render(b) and "over the 1.2x target" in render(b)
 
 
 def test_grouped_routing_inputs_pick_two_experts_in_each_of_topk_group_groups():
