@@ -88,7 +88,7 @@ def render(b: Budget, fmt: str = "text", modes: tuple[str, ...] = MODES) -> str:
                        tablefmt=tablefmt, disable_numparse=True)
     nl = "  \n" if fmt == "markdown" else "\n"
     foot = nl.join(f"[{i}] {n}" for i, n in enumerate(notes, 1))
-    extra = nl.join([*b.notes, *layer_replay_lines(b)])
+    extra = nl.join([*b.notes, *(layer_replay_lines(b) if "graph" in modes else [])])
     return f"{head}\n\n{table}\n{foot}\n\n{summary}\n{extra}\n"
 
 
@@ -98,11 +98,11 @@ LAYER_REPLAY_BAR = 1.2
 
 
 def layer_replay_lines(b: Budget) -> list[str]:
-    """Per phase with a measured layer under graph replay: the measured layer over the
-    model of it (the sum of its kernels, each priced alone: measured where the results
-    have it, else its roofline line), against :data:`LAYER_REPLAY_BAR`."""
+    """With a measured verify layer under graph replay: the measured layer over the model
+    of it (the sum of its kernels, each priced alone: measured where the results have it,
+    else its roofline line), against the verify layer's :data:`LAYER_REPLAY_BAR`."""
     out = []
-    for p in PHASES:
+    for p in ("verify",):
         got = b.measured_layer.get((p, "graph"))
         if got is None:
             continue

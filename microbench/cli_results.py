@@ -90,8 +90,11 @@ def cmd_targets(a: argparse.Namespace) -> int:
 
     stated = {c.id: list(c.targets()) for c in all_cases() if c.targets()}
     doc = _load(a.result)
-    # --variant keeps what a kept variant is measured against
-    refs = {t.ref for ts in stated.values() for t in ts if t.ref} & {r["variant"] for r in doc["records"]}
+    # --variant keeps what a kept variant is measured against: the references of the
+    # targets of the cases --case keeps, where the file holds them
+    (scoped,) = _selected(argparse.Namespace(case=a.case, variant=None, axis=None), [doc])
+    refs = ({t.ref for ts in stated.values() for t in ts if t.ref}
+            & {r["variant"] for r in scoped["records"]})
     (doc,) = _selected(a, [doc], also_base=sorted(refs))
     held = {r["case"] for r in doc["records"]}
     wanted = {cid: ts for cid, ts in stated.items() if cid in held}
@@ -107,7 +110,7 @@ def cmd_targets(a: argparse.Namespace) -> int:
     if not wanted:
         print(f"no case in {a.result} states a speed target (cases that do: {', '.join(stated) or 'none'})")
         return 0
-    rows = targets.evaluate(wanted, doc)
+    rows = targets.evaluate(wanted, doc, selected=bool(a.case or a.variant or a.axis))
     print(targets.render(doc, rows, a.format), end="")
     if a.fail_on == "missed" and any(r["verdict"] == "MISSED" for r in rows):
         return 1

@@ -289,16 +289,8 @@ class Runner:
         for name, r in recs.items():
             if name == case.baseline or r["status"] != "OK" or not r.get("timing"):
                 continue
-            t = r["timing"]
-            if self.opts.interleave:
-                v = verdicts.compare_paired(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect)
-            else:
-                # sequential: the two were timed at different moments, so each one's wander
-                # over time (between passes, or blocks of one pass) widens the interval
-                wander, df = verdicts.combined_wander(bt["samples_s"], bt.get("passes"), t["samples_s"],
-                                                   t.get("passes"))
-                v = verdicts.compare_samples(bt["samples_s"], t["samples_s"], min_effect=self.opts.min_effect,
-                                          env_sigma=wander, env_df=df)
+            v = verdicts.within_run(bt, r["timing"], interleaved=bool(self.opts.interleave),
+                                    min_effect=self.opts.min_effect)
             r["vs_baseline"] = v.to_dict()
 
     # ------------------------------------------------------------------ the whole plan

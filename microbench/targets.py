@@ -73,6 +73,8 @@ class Target:
             raise ValueError(f"Target {self.text!r}: kind {self.kind!r} "
                              + ("needs ref, the variant it is measured against" if self.ref is None
                                 else "takes no ref"))
+        if self.ref is not None and self.ref in self.variants:
+            raise ValueError(f"Target {self.text!r}: ref {self.ref!r} is one of its own variants")
         for axis, values in self.where.items():
             if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)) or not values:
                 raise ValueError(f"Target {self.text!r}: where[{axis!r}] must be a non-empty tuple of values")
@@ -110,22 +112,29 @@ def _why_untimed(name: str, r: dict[str, Any] | None) -> str:
 
 
 def _measure(t: Target, rec: dict[str, Any], ref: dict[str, Any] | None,
-             min_effect: float) -> tuple[float, float, float]:
-    """(value, lo, hi) of ``t``'s measure for ``rec`` (against ``ref``)."""
+             run: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(value, lo, hi) of ``t``'s measure for ``rec`` (against ``ref``); ValueError when
+    the samples cannot give one (a non-positive time)."""
+    import numpy as np
+
     from microbench.stats import median_ci
-    from microbench.verdicts import compare_samples
+    from microbench.verdicts import within_run
 
     if t.kind == "floor":
-        tm = rec["timing"]["summary"]["median"]
-        lo_t, hi_t = median_ci(rec["timing"]["samples_s"])
+        samples = rec["timing"]["samples_s"]
+        tm = float(np.median(samples))
+        if not tm > 0:
+            raise ValueError(f"{rec['variant']}: median time {tm!r}")
+        lo_t, hi_t = median_ci(samples)
         floor = rec["floor_s"]
         return floor / tm, (floor / hi_t if math.isfinite(hi_t) else 0.0), (floor / lo_t if lo_t > 0 else math.inf)
     assert ref is not None
     vb = rec.get("vs_baseline")
     if vb and rec.get("baseline") == t.ref:  # the table's own verdict: ratio = variant / ref
         ratio, lo, hi = vb["ratio"], vb["lo"], vb["hi"]
-    else:
-        v = compare_samples(ref["timing"]["samples_s"], rec["timing"]["samples_s"], min_effect=min_effect)
+    else:  # the rule the table's verdicts follow, between these two variants
+        v = within_run(ref["timing"], rec["timing"], interleaved=bool(run.get("interleave")),
+                       min_effect=float(run.get("min_effect") or 0.02))
         ratio, lo, hi = v.ratio, v.lo, v.hi
     if t.kind == "time_ratio":
         return ratio, lo, hi
@@ -136,14 +145,18 @@ def _key(axes: Mapping[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in axes.items()))
 
 
-def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any]) -> list[dict[str, Any]]:
+def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any],
+             selected: bool = False) -> list[dict[str, Any]]:
     """One row per (case, target, variant, point) of ``doc`` that a target covers:
     ``{"case", "target", "variant", "point", "value", "lo", "hi", "verdict", "why",
-    "details"}``. A target none of whose points is in the file gives one row, verdict
-    None, saying so."""
+    "details"}``. A target none of whose points is in the file (among the records
+    ``selected`` by a filter) gives one row, verdict None, saying so. A CPU run's rows
+    keep their values and are not judged (verdict "n/a (CPU)")."""
     from microbench.case import point_label
 
-    min_effect = float((doc.get("run") or {}).get("min_effect") or 0.02)
+    run = doc.get("run") or {}
+    on_cpu = str(run.get("device", "")).startswith("cpu")
+    absent = "no such point among the records selected" if selected else "no such point in this file"
     rows: list[dict[str, Any]] = []
     for case_id, targets in case_targets.items():
         recs = [r for r in doc["records"] if r["case"] == case_id]
@@ -152,18 +165,21 @@ def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any]) 
             points = list({_key(r["axes"]): r["axes"] for r in recs if t.covers(r["axes"])}.values())
             base = {"case": case_id, "target": t, "value": None, "lo": None, "hi": None, "details": ""}
             if not points:
-                rows.append({**base, "variant": ", ".join(t.variants), "point": "-", "verdict": None,
-                             "why": "no such point in this file"})
+                rows.append({**base, "variant": ", ".join(t.variants), "point": "-", "verdict": None, "why": absent})
                 continue
-            varying = [a for a in points[0] if len({repr(p.get(a)) for p in points}) > 1]
+            names = list(dict.fromkeys(a for p in points for a in p))
+            varying = [a for a in names if len({repr(p.get(a)) for p in points}) > 1]
             for v in t.variants:
                 for p in points:
                     rec, ref = by.get((_key(p), v)), (by.get((_key(p), t.ref)) if t.ref else None)
-                    row = {**base, "variant": v, "point": point_label({a: p[a] for a in varying}) or "-",
+                    row = {**base, "variant": v, "point": point_label({a: p.get(a) for a in varying}) or "-",
                            "why": ""}
                     shown = [x for x in (rec, ref) if x]
-                    row["details"] = "; ".join(f"{x['variant']} {k}={x['derived'][k]}" for x in shown
-                                               for k in t.details if k in (x.get("derived") or {}))
+                    details = [f"{x['variant']} {k}={x['derived'][k]}" for x in shown
+                               for k in t.details if k in (x.get("derived") or {})]
+                    if t.kind == "floor" and rec and rec.get("floor_source"):
+                        details.append(f"floor: {rec['floor_source']}")
+                    row["details"] = "; ".join(details)
                     missing = [(n, x) for n, x in ((v, rec), (t.ref, ref)) if n and not _timed(x)]
                     if not missing and t.kind == "floor" and not rec.get("floor_s"):
                         missing = [(v, None)]
@@ -173,8 +189,14 @@ def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any]) 
                         row["why"] = row["why"] or "; ".join(_why_untimed(n, x) for n, x in missing)
                         rows.append(row)
                         continue
-                    value, lo, hi = _measure(t, rec, ref, min_effect)
-                    row.update(value=value, lo=lo, hi=hi, verdict=_judge(lo, hi, t.bar, KINDS[t.kind][0]))
+                    try:
+                        value, lo, hi = _measure(t, rec, ref, run)
+                    except ValueError as e:  # a time the statistics refuse (<= 0): said, not a crash
+                        row.update(verdict="NO TIME", why=str(e))
+                        rows.append(row)
+                        continue
+                    row.update(value=value, lo=lo, hi=hi,
+                               verdict="n/a (CPU)" if on_cpu else _judge(lo, hi, t.bar, KINDS[t.kind][0]))
                     rows.append(row)
     return rows
 
@@ -199,7 +221,8 @@ def _gpu_note(doc: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[str]:
                          f" ({'profile ' + here if here else 'no shipped profile'}): each row is where the kernels "
                          "stand on this GPU against that bar, not the bar's verdict on its own GPU")
     if not run.get("complete", True):
-        notes.append("INCOMPLETE run: points it did not reach read 'no such point in this file'")
+        notes.append("INCOMPLETE run: a point it did not reach has no row (a bar none of whose points it reached "
+                     "reads 'no such point')")
     return notes
 
 
@@ -220,7 +243,7 @@ def render(doc: dict[str, Any], rows: Sequence[dict[str, Any]], fmt: str = "text
         else:
             measured = _fmt(r["value"], unit)
             interval = f"[{_fmt(r['lo'], unit)}, {_fmt(r['hi'], unit)}]"
-        verdict = "n/a (CPU)" if on_cpu and r["value"] is not None else r["verdict"] or "-"
+        verdict = r["verdict"] or "-"
         detail = "; ".join(x for x in (r["why"], r["details"]) if x)
         table.append([r["case"], t.text, r["variant"], r["point"], measured, interval, t.bar_text(), verdict, detail])
     out = render_table(table, head, fmt)

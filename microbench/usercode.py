@@ -176,6 +176,9 @@ class WithVariant(Case):
     def summarize(self, records):
         return self.inner.summarize(records)
 
+    def targets(self):
+        return self.inner.targets()
+
     def signature(self):
         return self.inner.signature()
 

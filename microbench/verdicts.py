@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -330,6 +330,18 @@ def env_wander(probe_medians: Sequence[float]) -> float:
     if x.size < 4:
         return 0.0
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: bool,
+               min_effect: float = 0.02) -> Verdict:
+    """Verdict between two variants of one point of one run, from their records' ``timing``
+    (``samples_s``, and ``passes`` where the run made several): paired rounds when the run
+    interleaved them; else each one's wander over time (between passes, or blocks of one
+    pass) widens the interval, since the two were timed at different moments."""
+    if interleaved:
+        return compare_paired(base["samples_s"], new["samples_s"], min_effect=min_effect)
+    wander, df = combined_wander(base["samples_s"], base.get("passes"), new["samples_s"], new.get("passes"))
+    return compare_samples(base["samples_s"], new["samples_s"], min_effect=min_effect, env_sigma=wander, env_df=df)
 
 
 def compare_paired(
