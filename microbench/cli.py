@@ -294,17 +294,23 @@ def cmd_run(a: argparse.Namespace) -> int:
         return 1
     path = writer.close(complete=True)
     print(report.render(writer.doc, a.format), end="")
-    from microbench.targets import for_run
-
-    try:  # a GPU run that reached a case's speed-target points: their table
-        goals = for_run(writer.doc, a.format)
-    except Exception as e:  # noqa: BLE001 - the run and its file are done; this table is extra
-        goals = ""
-        print(f"microbench run: the speed-target table failed ({type(e).__name__}: {e}); "
-              f"`microbench targets {path}` reads them", file=sys.stderr)
-    print("\n" + goals if goals else "", end="")
+    print_targets("run", writer.doc, a.format, path)
     print(f"results: {path}", file=sys.stderr)
     return 0
+
+
+def print_targets(command: str, doc: dict[str, Any], fmt: str, path: str, also: str | None = None) -> None:
+    """After a GPU run that reached a case's speed-target points, their table (with
+    ``also``, a tried variant, read against every bar too); never fails the command."""
+    from microbench.targets import for_run
+
+    try:
+        goals = for_run(doc, fmt, also=also)
+    except Exception as e:  # noqa: BLE001 - the run and its file are done; this table is extra
+        goals = ""
+        print(f"microbench {command}: the speed-target table failed ({type(e).__name__}: {e}); "
+              f"`microbench targets {path}` reads them", file=sys.stderr)
+    print("\n" + goals if goals else "", end="")
 
 
 def _cuda_count() -> int:

@@ -120,6 +120,7 @@ def cmd_try(a: argparse.Namespace) -> int:
     _vs_best(case, variant.name, records, a.min_effect)
     path = writer.close(complete=True)
     print(report.render(writer.doc, a.format), end="")
+    cli.print_targets("try", writer.doc, a.format, path, also=variant.name)
     print(f"results: {path}", file=sys.stderr)
     mine = [r for r in records if r["variant"] == variant.name]
     return 0 if mine and all(r["status"] in ("OK", "SKIPPED") for r in mine) else 1

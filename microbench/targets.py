@@ -260,15 +260,19 @@ def render(doc: dict[str, Any], rows: Sequence[dict[str, Any]], fmt: str = "text
     return "== speed targets ==\n" + out + "\n" + "\n".join(lines) + "\n"
 
 
-def for_run(doc: dict[str, Any], fmt: str = "text") -> str:
+def for_run(doc: dict[str, Any], fmt: str = "text", also: str | None = None) -> str:
     """The speed-target table ``microbench run`` prints after a GPU run's tables: the
     targets of the cases it ran, when at least one of their rows got a time; "" otherwise
-    (a CPU run, a run of other cases or shapes, CSV output)."""
+    (a CPU run, a run of other cases or shapes, CSV output). ``also``: one more variant
+    (``microbench try``'s) read against every bar beside the case's own."""
+    from dataclasses import replace
+
     from microbench.cases import all_cases
 
     if fmt == "csv" or str((doc.get("run") or {}).get("device", "")).startswith("cpu"):
         return ""
     held = {r["case"] for r in doc["records"]}
-    stated = {c.id: list(c.targets()) for c in all_cases() if c.id in held and c.targets()}
+    stated = {c.id: [replace(t, variants=(*t.variants, also)) if also and also not in t.variants else t
+                     for t in c.targets()] for c in all_cases() if c.id in held and c.targets()}
     rows = [r for r in evaluate(stated, doc) if r["verdict"] is not None]
     return render(doc, rows, fmt) if any(r["value"] is not None for r in rows) else ""

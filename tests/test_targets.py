@@ -238,3 +238,15 @@ def test_a_gpu_run_prints_the_targets_it_reached():
     assert targets.for_run(_doc(recs, device="cpu")) == "" and targets.for_run(_doc(recs), "csv") == ""
     far = [dict(r, axes={**at, "batch": 4}) for r in recs]
     assert targets.for_run(_doc(far)) == ""
+
+
+def test_a_tried_variant_is_read_against_every_bar():
+    """`microbench try` reads the user's variant against the case's bars, beside the case's
+    own variants: a kernel that is 2x slower than decode at q_len 1 reads MISSED there."""
+    at = {"batch": 1, "draft_tokens": 1, "context": 1024, "page": 1, "dtype": "bf16"}
+    recs = [_rec(v, at, t * US, seed=i, case="attention.mla_verify", baseline="extend")
+            for i, (v, t) in enumerate([("verify", 10), ("decode", 10), ("mine", 20)])]
+    text = targets.for_run(_doc(recs), also="mine")
+    (row,) = [line for line in text.splitlines() if " mine " in line]
+    assert "2.00×" in row and "MISSED" in row
+    assert "| mine |" not in targets.for_run(_doc(recs), "markdown")  # not asked for: the case's own alone
