@@ -344,3 +344,31 @@ def test_the_run_header_counts_the_variant_runs_it_makes_and_bounds_their_timing
                  "--budget-s", "0.05", "--repeat", "1", "--no-probe", "--out", str(tmp_path)]) == 0
     head = capsys.readouterr().err.splitlines()[0]
     assert "2 points (2 variant runs)" in head and "timing at most 0.1 s" in head, head
+
+
+def test_the_readmes_command_lines_use_options_the_commands_have():
+    """Every `microbench SUB --option` in the README's shell blocks names a subcommand and
+    options its parser knows, so a renamed flag cannot leave the README stale."""
+    import argparse
+    import shlex
+
+    from microbench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = open(os.path.join(ROOT, "README.md")).read()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    seen = 0
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("#")[0].split("&&"):
+                words = shlex.split(part)
+                if len(words) < 2 or words[0] != "microbench":
+                    continue
+                parser = sub.choices.get(words[1])
+                assert parser is not None, f"README: unknown subcommand in {part.strip()!r}"
+                known = {o for a in parser._actions for o in a.option_strings}
+                for w in words[2:]:
+                    if w.startswith("--"):
+                        assert w.split("=")[0] in known, f"README: {words[1]} has no option {w} ({part.strip()!r})"
+                seen += 1
+    assert seen >= 30
