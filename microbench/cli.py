@@ -232,7 +232,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     kind = "cuda" if device.startswith("cuda") else "cpu"
     multi = [c for c in cases if c.distributed and (not variants or any(v.name in variants for v in c.variants()))]
     nproc = default_nproc(a, device)
-    world = None
+    world, no_world = None, None
     if multi:
         try:
             distributed.check_backend(a.backend, kind)
@@ -244,13 +244,19 @@ def cmd_run(a: argparse.Namespace) -> int:
                 world = distributed.init_world(device, a.backend, a.dist_timeout)
         except distributed.WorldError as e:
             raise UsageError(str(e)) from None
-    here = [c for c in cases if not c.distributed or (nproc == 1 and c in multi)]
+        except Exception as e:  # noqa: BLE001 - the process group failed to start: the other cases still run
+            no_world = f"the one-rank process group did not start ({type(e).__name__}: {e})"
+            print(f"microbench run: {no_world}; its cases are SKIPPED", file=sys.stderr)
+    here = [c for c in cases if not c.distributed or (nproc == 1 and c in multi and not no_world)]
 
     from microbench import env, report
     from microbench.runner import Runner
 
     opts = run_options(a, suite, device, variants, world)
     p = make_plan(here, opts, cases)
+    if no_world:  # each of their points a SKIPPED record with the reason, not a missing case
+        pm = make_plan(multi, opts, cases)
+        p.skipped += [(c, pt, no_world) for c, pt in pm.items] + pm.skipped
     if multi and nproc > 1:
         make_plan(multi, opts, cases)  # bad axis values fail here, in one line, not on every rank
     from microbench.cli_plan import duration_text

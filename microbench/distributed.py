@@ -197,13 +197,16 @@ def init_world(device: str, backend: str | None = None, timeout_s: float = DEFAU
     else:
         device = "cpu"
     owns = not dist.is_initialized()
+    # NCCL: bound to this rank's GPU at init (its communicator made there and then, on the
+    # right device), not guessed from the current device at the first collective
+    bind = {"device_id": torch.device(device)} if backend == "nccl" else {}
     if owns:
         if launcher == "torchrun":
-            dist.init_process_group(backend, timeout=timeout)
+            dist.init_process_group(backend, timeout=timeout, **bind)
         else:
             tmp = tempfile.TemporaryDirectory(prefix="microbench-world-")
             store = dist.FileStore(os.path.join(tmp.name, "store"), 1)
-            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout, **bind)
     else:  # joined a group someone made in this process (a test, a notebook)
         rank, size, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     group = dist.group.WORLD

@@ -252,6 +252,49 @@ def test_more_ranks_than_gpus_is_refused(monkeypatch):
     distributed.check_nproc(8, "cpu")  # gloo processes: any number
 
 
+def test_an_nccl_world_is_bound_to_its_ranks_gpu(monkeypatch):
+    """Under torchrun, local rank 1 of an NCCL world initialises on cuda:1 with device_id
+    (its communicator made there at init); a gloo world on CPU gets no device."""
+    import torch.distributed as dist
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def init(backend, **kw):
+        seen.append((backend, kw.get("device_id")))
+        raise Stop
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", init)
+    for k, v in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(Stop):
+        distributed.init_world("cuda")
+    with pytest.raises(Stop):
+        distributed.init_world("cpu")
+    assert seen == [("nccl", torch.device("cuda:1")), ("gloo", None)]
+
+
+def test_a_process_group_that_does_not_start_skips_its_cases_alone(monkeypatch, tmp_path, capsys):
+    """A one-rank world that fails to start (an NCCL or driver fault on the host) costs the
+    multi-rank cases, SKIPPED with the reason, not the rest of the run."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("ncclUnhandledCudaError")
+
+    monkeypatch.setattr(distributed, "init_world", broken)
+    assert main(["run", "--device", "cpu", "--case", "comm.allreduce,calibration.copy", "--nproc", "1", "--budget-s", "0.02",
+                 "--repeat", "1", "--no-probe", "--out", str(tmp_path)]) == 0
+    assert "the one-rank process group did not start (RuntimeError: ncclUnhandledCudaError)" in capsys.readouterr().err
+    recs = _doc(tmp_path)["records"]
+    comm = [r for r in recs if r["case"] == "comm.allreduce"]
+    assert comm and all(r["status"] == "SKIPPED" and "ncclUnhandledCudaError" in r["reason"] for r in comm)
+    assert [r["status"] for r in recs if r["case"] == "calibration.copy"] == ["OK"]
+
+
 # --------------------------------------------------------------------------- several ranks, under torchrun
 
 
