@@ -86,9 +86,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 def cmd_targets(a: argparse.Namespace) -> int:
     from microbench import targets
-    from microbench.cases import all_cases
 
-    stated = {c.id: list(c.targets()) for c in all_cases() if c.targets()}
+    stated = targets.stated()
     doc = _load(a.result)
     # --variant keeps what a kept variant is measured against: the references of the
     # targets of the cases --case keeps, where the file holds them

@@ -17,7 +17,7 @@ The measures (``kind``):
 
 - ``speedup``: time of ``ref`` / time of the variant at the same point, at least ``bar``;
   its interval is the table's own "vs baseline" verdict where ``ref`` is the case's
-  baseline (paired when the run interleaved), else a bootstrap of the two medians;
+  baseline, else the same rule between the two (:func:`microbench.verdicts.within_run`);
 - ``time_ratio``: time of the variant / time of ``ref``, at most ``bar`` ("within 10%
   of the decode kernel" is ``time_ratio`` 1.10);
 - ``floor``: the record's floor (bytes / measured bandwidth, the roofline) / its median
@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-__all__ = ["KINDS", "VERDICTS", "Target", "evaluate", "for_run", "render"]
+__all__ = ["KINDS", "VERDICTS", "Target", "evaluate", "for_run", "render", "stated"]
 
 #: kind -> (the direction a value must lie from the bar, how it reads)
 KINDS = {"speedup": (">=", "x"), "time_ratio": ("<=", "x"), "floor": (">=", "%")}
@@ -85,6 +85,17 @@ class Target:
     def bar_text(self) -> str:
         op, unit = KINDS[self.kind]
         return f"{'≥' if op == '>=' else '≤'} " + _fmt(self.bar, unit)
+
+
+def stated() -> dict[str, list[Target]]:
+    """Every shipped case's bars, by case id (the cases that state none left out)."""
+    from microbench.cases import all_cases
+
+    return {c.id: ts for c in all_cases() if (ts := list(c.targets()))}
+
+
+def _on_cpu(doc: dict[str, Any]) -> bool:
+    return str((doc.get("run") or {}).get("device", "")).startswith("cpu")
 
 
 def _fmt(x: float, unit: str) -> str:
@@ -141,10 +152,6 @@ def _measure(t: Target, rec: dict[str, Any], ref: dict[str, Any] | None,
     return 1.0 / ratio, (1.0 / hi if hi > 0 else 0.0), (1.0 / lo if lo > 0 else math.inf)
 
 
-def _key(axes: Mapping[str, Any]) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in axes.items()))
-
-
 def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any],
              selected: bool = False) -> list[dict[str, Any]]:
     """One row per (case, target, variant, point) of ``doc`` that a target covers:
@@ -153,16 +160,21 @@ def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any],
     ``selected`` by a filter) gives one row, verdict None, saying so. A CPU run's rows
     keep their values and are not judged (verdict "n/a (CPU)")."""
     from microbench.case import point_label
+    from microbench.results import record_key
 
     run = doc.get("run") or {}
-    on_cpu = str(run.get("device", "")).startswith("cpu")
+    on_cpu = _on_cpu(doc)
     absent = "no such point among the records selected" if selected else "no such point in this file"
     rows: list[dict[str, Any]] = []
     for case_id, targets in case_targets.items():
         recs = [r for r in doc["records"] if r["case"] == case_id]
-        by = {(_key(r["axes"]), r["variant"]): r for r in recs}
+        by = {record_key(r): r for r in recs}
+
+        def find(axes: Mapping[str, Any], variant: str | None) -> dict[str, Any] | None:
+            return by.get(record_key({"case": case_id, "axes": axes, "variant": variant})) if variant else None
+
         for t in targets:
-            points = list({_key(r["axes"]): r["axes"] for r in recs if t.covers(r["axes"])}.values())
+            points = list({record_key(r)[1]: r["axes"] for r in recs if t.covers(r["axes"])}.values())
             base = {"case": case_id, "target": t, "value": None, "lo": None, "hi": None, "details": ""}
             if not points:
                 rows.append({**base, "variant": ", ".join(t.variants), "point": "-", "verdict": None, "why": absent})
@@ -171,7 +183,7 @@ def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any],
             varying = [a for a in names if len({repr(p.get(a)) for p in points}) > 1]
             for v in t.variants:
                 for p in points:
-                    rec, ref = by.get((_key(p), v)), (by.get((_key(p), t.ref)) if t.ref else None)
+                    rec, ref = find(p, v), find(p, t.ref)
                     row = {**base, "variant": v, "point": point_label({a: p.get(a) for a in varying}) or "-",
                            "why": ""}
                     shown = [x for x in (rec, ref) if x]
@@ -209,7 +221,7 @@ def _gpu_note(doc: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[str]:
     name = (fp.get("device") or {}).get("name") or str(run.get("device") or "?")
     stated = sorted({r["target"].stated_for for r in rows if r["target"].stated_for})
     notes = []
-    if str(run.get("device", "")).startswith("cpu"):
+    if _on_cpu(doc):
         notes.append(f"a CPU run ({name}): the bars are GPU goals and CPU times (Triton under the interpreter, "
                      "reduced shapes) say nothing of them, so no row is judged; a GPU run fills these rows")
     elif stated:
@@ -233,7 +245,7 @@ def render(doc: dict[str, Any], rows: Sequence[dict[str, Any]], fmt: str = "text
 
     head = ["case", "target", "variant", "point", "measured", "95% interval", "bar", "verdict", "details"]
     run = doc.get("run") or {}
-    on_cpu = str(run.get("device", "")).startswith("cpu")
+    on_cpu = _on_cpu(doc)
     table = []
     for r in rows:
         t: Target = r["target"]
@@ -267,12 +279,10 @@ def for_run(doc: dict[str, Any], fmt: str = "text", also: str | None = None) -> 
     (``microbench try``'s) read against every bar beside the case's own."""
     from dataclasses import replace
 
-    from microbench.cases import all_cases
-
-    if fmt == "csv" or str((doc.get("run") or {}).get("device", "")).startswith("cpu"):
+    if fmt == "csv" or _on_cpu(doc):
         return ""
     held = {r["case"] for r in doc["records"]}
-    stated = {c.id: [replace(t, variants=(*t.variants, also)) if also and also not in t.variants else t
-                     for t in c.targets()] for c in all_cases() if c.id in held and c.targets()}
-    rows = [r for r in evaluate(stated, doc) if r["verdict"] is not None]
+    bars = {cid: [replace(t, variants=(*t.variants, also)) if also and also not in t.variants else t for t in ts]
+            for cid, ts in stated().items() if cid in held}
+    rows = [r for r in evaluate(bars, doc) if r["verdict"] is not None]
     return render(doc, rows, fmt) if any(r["value"] is not None for r in rows) else ""
