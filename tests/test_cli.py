@@ -265,6 +265,28 @@ def test_gpu_check_runs_the_gpu_tests_only():
     assert not [i for i in ids if i.startswith(("tests/test_cli.py", "tests/test_compile.py"))]
 
 
+def test_gpu_check_tunes_every_point_a_moe_speed_target_reads():
+    """A bar measured against the fused baseline "with its best tuned configuration" needs
+    that baseline tuned: the check's tune step covers each verify-suite point of moe.experts
+    that a stated target reads (INT4 and bf16), INT4 (the model's) first, so a search cut
+    short by the step's limit keeps the model's point."""
+    import shlex
+
+    from microbench.aot import case_points
+    from microbench.cli import _axis_picks
+    from microbench.targets import stated
+
+    script = open(os.path.join(ROOT, "scripts", "gpu-check")).read().replace("\\\n", " ")
+    (line,) = [ln for ln in script.splitlines() if ln.startswith('step "tune"')]
+    args = shlex.split(line)
+    picks = _axis_picks([args[i + 1] for i, a in enumerate(args) if a == "--axis"])
+    case = cases_pkg.get_case(args[args.index("--case") + 1])
+    tuned = case_points(case, "verify", picks)
+    read = [p for p in case_points(case, "verify", {}) if any(t.covers(p) for t in stated()[case.id])]
+    assert read and all(p in tuned for p in read), (read, tuned)
+    assert [p["weights"] for p in tuned] == ["int4", "bf16"]
+
+
 def test_gpu_check_model_and_report_steps_run_on_a_gpu_result_file(tmp_path):
     """The check's last steps, as the script writes them, on a result file that says it ran
     on an H100: two step models on that GPU's profile, the whole table, and a headline
