@@ -47,7 +47,8 @@ def randn(shape, dtype: torch.dtype, device: str, seed: int, scale: float = 1.0)
 
 def default_float(device: str) -> str:
     """bf16 on CUDA (the model's dtype); fp16 on CPU, where the Triton interpreter's
-    tl.dot on bf16 is broken and fp16 exercises the same low-precision path."""
+    own tl.dot on bf16 is broken (the tests check bf16 with a patched one,
+    tests/interp_bf16.py) and fp16 exercises the same low-precision path."""
     return "bf16" if on_cuda(device) else "fp16"
 
 

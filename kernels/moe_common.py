@@ -58,8 +58,8 @@ __all__ = [
 # Constants
 # --------------------------------------------------------------------------------------
 
-#: Activation dtypes: bf16 is the model's; fp16 and fp32 are what the CPU interpreter can
-#: test (its bf16 tl.dot is broken).
+#: Activation dtypes: bf16 is the model's; fp16 and fp32 also serve the CPU interpreter,
+#: whose own bf16 tl.dot is broken (the tests patch it: tests/interp_bf16.py).
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Kernel families with tuning entries, and the GEMM keys each one tunes.
 KERNELS = {"fused": ("w13+w2",), "few_token": ("w13", "w2")}

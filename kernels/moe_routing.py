@@ -44,8 +44,7 @@ __all__ = ["MAX_EXPERTS", "SUPPORTED_DTYPES", "align", "align_capacity", "expert
 # [chunk, E] compare tiles stay at 16K elements.
 MAX_EXPERTS = 512
 
-# Activations arrive as bf16 on the GPU; fp16 and fp32 are what the CPU interpreter can
-# test through the same path.
+# Activations arrive as bf16 on the GPU; fp16 and fp32 run through the same path.
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Pairs per chunk of the alignment kernel: its stable rank is a [chunk, chunk] compare

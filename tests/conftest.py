@@ -17,6 +17,15 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     # as `microbench run` does on CPU: a busy second core stalls OpenMP barriers
     torch.set_num_threads(1)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRETED:
+    # the interpreter's bf16 tl.dot multiplies raw bit patterns; made to compute as a tensor
+    # core does, so the kernels' bf16 paths are checked on CPU too (tests/interp_bf16.py)
+    from tests.interp_bf16 import install as _install_bf16_dot
+
+    BF16_DOT = _install_bf16_dot()
+else:
+    BF16_DOT = True  # compiled kernels: the GPU's own bf16 dot
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -28,7 +37,7 @@ def pytest_report_header(config: pytest.Config) -> str:
         tri = f"triton {triton.__version__} ({os.path.dirname(triton.__file__)})"
     except ImportError:
         tri = "triton: not importable"
-    mode = "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
+    mode = ("interpreter" + ("" if BF16_DOT else ", bf16 dot not patched")) if INTERPRETED else "compiled"
     return f"microbench: torch {torch.__version__}, {tri}, kernels {mode}, CUDA {HAS_CUDA}"
 
 

@@ -1,8 +1,9 @@
 """The split-KV MLA decode kernel against the fp32 reference, plus its split rule and its
 refusals.
 
-Runs on CPU tensors under Triton's interpreter when there is no CUDA device (fp16 and
-fp32: the interpreter's bf16 tl.dot is broken), bf16 at Kimi-K2.5 TP8 shapes on the GPU.
+Runs on CPU tensors under Triton's interpreter when there is no CUDA device (fp16, fp32
+and bf16, the interpreter's bf16 tl.dot made to compute as a tensor core does:
+tests/interp_bf16.py), bf16 at Kimi-K2.5 TP8 shapes on the GPU.
 Inputs are seeded random values over shuffled pages with random unused pages
 (``make_mla_inputs``); every output is pre-filled with NaN so an unwritten row fails.
 Batches mix prefix lengths (0/1, 63, 65, 1000: empty, just under and over a 64-key page
@@ -26,7 +27,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (2**-11 relative per weight) and of the output (half an ulp is 1e-3 at |out| ~ 3), so
 # 5e-3 leaves a 4x margin while a dropped key (e.g. the token's own row, weight ~1/L)
 # at the short prefixes moves the output by far more. fp32: only summation order differs.
-# bf16 (GPU): 8 mantissa bits, half an ulp is 8e-3 at |out| ~ 3.
+# bf16: 8 mantissa bits, half an ulp is 8e-3 at |out| ~ 3.
 FP16 = (torch.float16, 5e-3, 5e-3)
 FP32 = (torch.float32, 1e-4, 1e-4)
 BF16 = (torch.bfloat16, 2e-2, 2e-2)
@@ -52,6 +53,8 @@ def _assert_matches(x, out, atol, rtol):
     pytest.param([0, 65, 63], 20, 1, FP16, id="heads20-two-head-tiles-page1"),
     pytest.param([1000, 0], 1, 1, FP16, id="one-head-page1"),
     pytest.param([63, 1000], 2, 64, FP32, id="fp32"),
+    pytest.param([1, 63, 65, 1000], 8, 64, BF16, id="bf16-kimi-heads8-page64"),
+    pytest.param([0, 65, 63], 20, 1, BF16, id="bf16-heads20-page1"),
 ])
 def test_matches_reference_with_the_default_split_rule(prefix_lens, heads, page_size, dtype_tol):
     dtype, atol, rtol = dtype_tol

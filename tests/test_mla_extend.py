@@ -5,8 +5,8 @@ Mixed batches (q_len 1, 3, 7 with prefixes 0/1, 63, 65, 1000: empty, just under 
 unused pages, causal and EAGLE-tree masks (incl. rows that see only themselves), the soft
 cap, several query blocks per request, NaN-poisoned outputs; the tile choice and the byte
 count of the repeated prefix reads; bad input named before any launch; bf16 at Kimi-K2.5
-TP8 shapes on the GPU. On the CPU the kernel runs under Triton's interpreter in fp16/fp32
-(the interpreter's bf16 tl.dot is broken).
+TP8 shapes on the GPU. On the CPU the kernel runs under Triton's interpreter in fp16, fp32
+and bf16 (its bf16 tl.dot made to compute as a tensor core does: tests/interp_bf16.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp16 operands (11-bit significand) and p rounded to fp16 before p @ v put ~1e-3 relative
 # error on outputs of size ~0.1-1 against the fp32 reference; 2e-2 leaves a 10x margin and
 # still fails a wrong page, key, mask entry or lost rescale (those move outputs by O(0.1)).
-# fp32 ("ieee" dots): only the summation order differs. bf16 (GPU): an 8-bit significand,
+# fp32 ("ieee" dots): only the summation order differs. bf16: an 8-bit significand,
 # half an ulp is 4e-3 relative, within the same 2e-2 bound at 16K keys.
 FP16 = (torch.float16, 2e-2, 2e-2)
 FP32 = (torch.float32, 1e-4, 1e-4)
@@ -42,14 +42,16 @@ def _run(x, dtype, atol, rtol):
     return out
 
 
-@pytest.mark.parametrize(("q_lens", "prefix_lens", "heads", "page_size", "tree"), [
-    pytest.param([1, 3, 7, 3], [1, 63, 65, 1000], 2, 64, False, id="causal-page64"),
-    pytest.param([7, 1, 3, 7], [0, 1000, 63, 65], 3, 1, True, id="tree-page1"),
-    pytest.param([3, 7, 1], [65, 1, 0], 1, 64, True, id="tree-page64-one-head"),
-    pytest.param([7, 3], [1000, 63], 2, 1, False, id="causal-page1"),
+@pytest.mark.parametrize(("q_lens", "prefix_lens", "heads", "page_size", "tree", "dtype_tol"), [
+    pytest.param([1, 3, 7, 3], [1, 63, 65, 1000], 2, 64, False, FP16, id="causal-page64"),
+    pytest.param([7, 1, 3, 7], [0, 1000, 63, 65], 3, 1, True, FP16, id="tree-page1"),
+    pytest.param([3, 7, 1], [65, 1, 0], 1, 64, True, FP16, id="tree-page64-one-head"),
+    pytest.param([7, 3], [1000, 63], 2, 1, False, FP16, id="causal-page1"),
+    pytest.param([1, 3, 7, 3], [1, 63, 65, 1000], 2, 64, False, BF16, id="bf16-causal-page64"),
+    pytest.param([7, 1, 3, 7], [0, 1000, 63, 65], 3, 1, True, BF16, id="bf16-tree-page1"),
 ])
-def test_matches_reference_on_mixed_batches(q_lens, prefix_lens, heads, page_size, tree):
-    dtype, atol, rtol = FP16
+def test_matches_reference_on_mixed_batches(q_lens, prefix_lens, heads, page_size, tree, dtype_tol):
+    dtype, atol, rtol = dtype_tol
     x = make_mla_inputs(q_lens, prefix_lens, heads=heads, page_size=page_size, dtype=dtype, device=DEVICE,
                         seed=7 + heads + page_size, tree=tree)
     _run(x, dtype, atol, rtol)

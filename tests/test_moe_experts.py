@@ -15,7 +15,8 @@ The INT4 layout and the reference itself are checked in tests/test_moe_reference
 tuning table, configurations and cost in tests/test_moe_tuning.py.
 
 Inputs are seeded.  On CPU the kernels run under Triton's interpreter (tests/conftest.py)
-in fp16 (the interpreter's bf16 ``tl.dot`` is broken); the bf16 checks at Kimi-K2.5 TP8
+in fp16, and in bf16 (the model's dtype) with the interpreter's bf16 ``tl.dot`` made to
+compute as a tensor core does (tests/interp_bf16.py); the bf16 checks at Kimi-K2.5 TP8
 shapes run on a CUDA device only.
 """
 
@@ -150,6 +151,29 @@ def test_kernel_matches_reference(T, E, k, pattern, H, I, kernel, cfg, kind, tol
     want = _reference(x, ck, tw, ids)
     got = _launch(kernel, cfg, x, W, tw, ids)
     _assert_matches_ref(got, want, x, tol)
+
+
+BF16_TOL = 2e-2  # as on the GPU at Kimi shapes: bf16 intermediates round at ~4e-3
+BF16_CASES = [  # each kernel's first configuration (the few-token INT4 one unpacks once too)
+    pytest.param(*case.values, kernel, cfg, id=f"{case.id}-{kernel}")
+    for case in CASES
+    for kernel, cfg in (("fused", FUSED_CONFIGS[0].values[0]), ("few_token", FEW_CONFIGS[0].values[0]))
+]
+
+
+@pytest.mark.parametrize("kind", ["dense", "int4"], ids=["bf16", "int4"])
+@pytest.mark.parametrize(("T", "E", "k", "pattern", "H", "I", "kernel", "cfg"), BF16_CASES)
+def test_kernel_matches_reference_in_bf16(T, E, k, pattern, H, I, kernel, cfg, kind):
+    """The model's dtype: bf16 activations with bf16 weights, or with INT4 words and bf16
+    scales (on CPU, the interpreter's bf16 dot computes as a tensor core does)."""
+    ck, W = _checkpoint(kind, E, H, I, seed=T + 100 * E + 2, dtype=torch.bfloat16, group_size=_group_for(I))
+    x = _hidden(T, H, seed=T + 2, dtype=torch.bfloat16)
+    tw, ids = routing(pattern, T, E, k, seed=7 * T + E + 2)
+    want = _reference(x, ck, tw, ids)
+    if kind == "int4" and kernel == "few_token":
+        w13, w2 = cfg
+        cfg = (dataclasses.replace(w13, unpack=1), dataclasses.replace(w2, unpack=1))
+    _assert_matches_ref(_launch(kernel, cfg, x, W, tw, ids), want, x, BF16_TOL)
 
 
 UNPACK_CONFIGS = [  # the few-token kernel reading each INT4 word once (GemmConfig.unpack)
