@@ -87,8 +87,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
 def cmd_targets(a: argparse.Namespace) -> int:
     from microbench import targets
 
-    stated = targets.stated()
     doc = _load(a.result)
+    try:
+        stated, whose = targets.bars(doc, a.bars)
+    except ValueError as e:
+        raise UsageError(f"{a.result}: {e}") from None
     # --variant keeps what a kept variant is measured against: the references of the
     # targets of the cases --case keeps, where the file holds them
     (scoped,) = _selected(argparse.Namespace(case=a.case, variant=None, axis=None), [doc])
@@ -110,7 +113,7 @@ def cmd_targets(a: argparse.Namespace) -> int:
         print(f"no case in {a.result} states a speed target (cases that do: {', '.join(stated) or 'none'})")
         return 0
     rows = targets.evaluate(wanted, doc, selected=bool(a.case or a.variant or a.axis))
-    print(targets.render(doc, rows, a.format), end="")
+    print(targets.render(doc, rows, a.format, whose), end="")
     if a.fail_on == "missed" and any(r["verdict"] == "MISSED" for r in rows):
         return 1
     return 0
@@ -176,5 +179,9 @@ def add_parsers(sub: Any) -> None:
     tg.add_argument("result", help="a result file (.json, or .json.gz)")
     tg.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     tg.add_argument("--fail-on", choices=["missed"], help="exit 1 when any row is MISSED")
+    tg.add_argument("--bars", choices=["run", "code"],
+                    help="read the bars the run stored as it began (run: the default where the file holds them) "
+                         "or those today's code states (code: the default for a file written before runs stored "
+                         "them); a line under the table says which, and names the cases where the two differ")
     _add_selection(tg)
     tg.set_defaults(func=cmd_targets)

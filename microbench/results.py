@@ -7,7 +7,8 @@ Schema (``schema = "microbench.result"``, ``schema_version = 1``)::
       "run": {"id", "started_utc", "finished_utc", "complete": bool, "interrupted": bool,
               "argv", "suite", "cases", "device", "seed", "interleave", "timing": {...},
               "ceilings": {"memory_bandwidth": {"value", "unit", "source"}, ...},
-              "summaries": {case id: [{"text", "axes", "variants"}, ...]}},  # optional: Case.summarize
+              "summaries": {case id: [{"text", "axes", "variants"}, ...]},  # optional: Case.summarize
+              "targets": {case id: [Target.to_dict(), ...]}},  # the bars the cases stated; absent in older files
       "fingerprint": {... microbench.env.fingerprint() ...},
       "records": [ {
           "case", "axes": {...}, "variant", "device", "status": "OK" | "FAILED" | "SKIPPED",

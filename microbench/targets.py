@@ -26,15 +26,22 @@ The measures (``kind``):
 A bar is stated for one GPU (``stated_for``, a hardware profile name): on another the
 rows still say where the kernels stand, and the table says whose bar it is. Nothing here
 knows a kernel; the case names its variants, axes and bars.
+
+A run stores the bars its cases stated (``run.targets``, :func:`stored`), so a result file
+is read against the bars of the code that made it, not against whatever today's code
+states (:func:`bars`: the run's by default, today's on request, and a line saying which
+and whether the two differ). A file written before runs stored them is read against
+today's bars, and says so.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-__all__ = ["KINDS", "VERDICTS", "Target", "evaluate", "for_run", "render", "stated"]
+__all__ = ["KINDS", "VERDICTS", "Target", "bars", "evaluate", "for_run", "of_run", "render", "stated", "stored"]
 
 #: kind -> (the direction a value must lie from the bar, how it reads)
 KINDS = {"speedup": (">=", "x"), "time_ratio": ("<=", "x"), "floor": (">=", "%")}
@@ -86,12 +93,107 @@ class Target:
         op, unit = KINDS[self.kind]
         return f"{'≥' if op == '>=' else '≤'} " + _fmt(self.bar, unit)
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: tuples as lists (what :meth:`from_dict` reads back)."""
+        return {"text": self.text, "variants": list(self.variants), "kind": self.kind, "bar": self.bar,
+                "where": {k: list(v) for k, v in self.where.items()}, "ref": self.ref,
+                "stated_for": self.stated_for, "details": list(self.details)}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Target":
+        """A stored bar; ValueError naming what is wrong with it."""
+        need = ("text", "variants", "kind", "bar")
+        if not isinstance(d, dict) or any(k not in d for k in need):
+            raise ValueError(f"a stored target needs {', '.join(need)}; got {d!r:.120}")
+        where = d.get("where") or {}
+        if not isinstance(where, dict):
+            raise ValueError(f"stored target {d['text']!r}: where must be an object, got {where!r:.80}")
+
+        def tup(x: Any) -> Any:
+            return tuple(x) if isinstance(x, list) else x
+
+        return cls(text=str(d["text"]), variants=tup(d["variants"]), kind=d["kind"], bar=d["bar"],
+                   where={k: tup(v) for k, v in where.items()}, ref=d.get("ref"),
+                   stated_for=str(d.get("stated_for") or ""), details=tuple(d.get("details") or ()))
+
 
 def stated() -> dict[str, list[Target]]:
     """Every shipped case's bars, by case id (the cases that state none left out)."""
     from microbench.cases import all_cases
 
     return {c.id: ts for c in all_cases() if (ts := list(c.targets()))}
+
+
+def stored(cases: Sequence[Any]) -> dict[str, list[dict[str, Any]]]:
+    """What a run writes as ``run.targets``: the bars ``cases`` state, by case id. A case
+    whose ``targets()`` raises stores none (the run goes on; ``microbench targets`` with
+    ``--bars code`` shows the error)."""
+    out = {}
+    for c in cases:
+        try:
+            ts = list(c.targets())
+        except Exception:  # noqa: BLE001 - a broken declaration must not stop a run
+            continue
+        if ts:
+            out[c.id] = [t.to_dict() for t in ts]
+    return out
+
+
+def of_run(doc: dict[str, Any]) -> dict[str, list[Target]] | None:
+    """The bars a result file's run stated (``run.targets``), or None for a file written
+    before runs stored them. ValueError naming the case for a malformed entry."""
+    raw = (doc.get("run") or {}).get("targets")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"run.targets must be an object by case id, got {type(raw).__name__}")
+    out = {}
+    for cid, ts in raw.items():
+        if not isinstance(ts, list):
+            raise ValueError(f"run.targets[{cid!r}] must be a list, got {type(ts).__name__}")
+        try:
+            out[cid] = [Target.from_dict(t) for t in ts]
+        except ValueError as e:
+            raise ValueError(f"run.targets[{cid!r}]: {e}") from None
+    return out
+
+
+def bars(doc: dict[str, Any], source: str | None = None) -> tuple[dict[str, list[Target]], str]:
+    """The bars to read ``doc`` against, by case id, and a line saying whose they are.
+
+    ``source``: "run" (the bars the run stored), "code" (today's), or None: the run's where
+    the file holds them, else today's. Where both exist and differ for a case the file
+    holds, the line says so and how to read the other. ValueError: "run" asked of a file
+    that stores none, or a malformed stored entry."""
+    if source not in (None, "run", "code"):
+        raise ValueError(f"bars source {source!r}, expected run or code")
+    run_bars = of_run(doc)
+    if source == "run" and run_bars is None:
+        raise ValueError("this file stores no bars (written before runs stored them); --bars code reads today's")
+    held = {r["case"] for r in doc.get("records", [])}
+    if run_bars is None:
+        return stated(), "bars: today's code (this file was written before runs stored their bars)"
+    sha = ((doc.get("fingerprint") or {}).get("git") or {}).get("short")
+    made = f" (made at {sha})" if sha else ""
+    if source == "code":
+        chosen, other = stated(), run_bars
+        line, also = "bars: today's code", f"the run{made} stated other bars for {{}}: --bars run reads those"
+    else:
+        chosen = run_bars
+        try:
+            other = stated()
+        except Exception:  # noqa: BLE001 - today's code cannot state its bars: the run's are still read
+            other = run_bars
+        line, also = f"bars: as the run{made} stated them", "today's code states other bars for {}: --bars code reads those"
+
+    def same(c: str) -> bool:
+        def key(ts: Sequence[Target]) -> list[str]:
+            return sorted(json.dumps(t.to_dict(), sort_keys=True, default=str) for t in ts)
+
+        return key(chosen.get(c, [])) == key(other.get(c, []))
+
+    differ = sorted(c for c in held if not same(c))
+    return chosen, line + ("; " + also.format(", ".join(differ)) if differ else "")
 
 
 def _on_cpu(doc: dict[str, Any]) -> bool:
@@ -238,9 +340,9 @@ def _gpu_note(doc: dict[str, Any], rows: Sequence[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def render(doc: dict[str, Any], rows: Sequence[dict[str, Any]], fmt: str = "text") -> str:
+def render(doc: dict[str, Any], rows: Sequence[dict[str, Any]], fmt: str = "text", whose: str = "") -> str:
     """The rows as a table (text | markdown | csv) with the run's device, and what the
-    verdicts say, under it."""
+    verdicts say, under it; ``whose``: the line :func:`bars` gives, said under it too."""
     from microbench.report import render_table
 
     head = ["case", "target", "variant", "point", "measured", "95% interval", "bar", "verdict", "details"]
@@ -266,6 +368,7 @@ def render(doc: dict[str, Any], rows: Sequence[dict[str, Any]], fmt: str = "text
              else ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no row with a time")
     lines = [f"speed targets of run {run.get('id', '?')} ({run.get('device', '?')}): {tally}"]
     lines += _gpu_note(doc, rows)
+    lines += [whose] if whose else []
     lines.append("MET / MISSED: the whole 95% interval is on that side of the bar; UNSURE: it straddles the bar")
     if fmt == "markdown":
         return "#### Speed targets\n\n" + out + "\n" + "".join(f"_{x}_  \n" for x in lines)
@@ -282,7 +385,8 @@ def for_run(doc: dict[str, Any], fmt: str = "text", also: str | None = None) -> 
     if fmt == "csv" or _on_cpu(doc):
         return ""
     held = {r["case"] for r in doc["records"]}
-    bars = {cid: [replace(t, variants=(*t.variants, also)) if also and also not in t.variants else t for t in ts]
-            for cid, ts in stated().items() if cid in held}
-    rows = [r for r in evaluate(bars, doc) if r["verdict"] is not None]
+    run_bars = of_run(doc)  # what the run stored as it began: its own code's bars
+    chosen = {cid: [replace(t, variants=(*t.variants, also)) if also and also not in t.variants else t for t in ts]
+              for cid, ts in (stated() if run_bars is None else run_bars).items() if cid in held}
+    rows = [r for r in evaluate(chosen, doc) if r["verdict"] is not None]
     return render(doc, rows, fmt) if any(r["value"] is not None for r in rows) else ""

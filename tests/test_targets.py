@@ -250,3 +250,106 @@ def test_a_tried_variant_is_read_against_every_bar():
     (row,) = [line for line in text.splitlines() if " mine " in line]
     assert "2.00×" in row and "MISSED" in row
     assert "| mine |" not in targets.for_run(_doc(recs), "markdown")  # not asked for: the case's own alone
+
+
+def test_every_shipped_target_round_trips_through_json():
+    for ts in targets.stated().values():
+        for t in ts:
+            assert Target.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+
+
+@pytest.mark.parametrize("raw, msg", [
+    ({"c.k": [{"text": "x", "variants": ["v"], "kind": "speedup"}]}, r"run.targets\['c.k'\]: a stored target needs"),
+    ({"c.k": [{"text": "x", "variants": ["v"], "kind": "speedup", "bar": 2, "ref": "b", "where": [1]}]},
+     "where must be an object"),
+    ({"c.k": [{"text": "x", "variants": ["v"], "kind": "speedup", "bar": -1, "ref": "b"}]},
+     "bar must be a positive number"),
+    ({"c.k": {"text": "x"}}, r"run.targets\['c.k'\] must be a list"),
+    (["c.k"], "run.targets must be an object"),
+])
+def test_a_malformed_stored_bar_is_refused_naming_it(raw, msg):
+    doc = _doc([])
+    doc["run"]["targets"] = raw
+    with pytest.raises(ValueError, match=msg):
+        targets.of_run(doc)
+
+
+def _verify_run(bar=None):
+    """An H200 run at the 8x point: verify 5x the extend kernel; ``bar``: the 8x bar as
+    the run stored it, changed to ``bar`` (None: the file stores no bars)."""
+    at = {"batch": 1, "draft_tokens": 4, "context": 16384}
+    doc = _doc([_rec("verify", at, 10 * US, case="attention.mla_verify", baseline="extend"),
+                _rec("extend", at, 50 * US, case="attention.mla_verify", baseline="extend")])
+    doc["fingerprint"]["git"] = {"short": "abc1234"}
+    if bar is not None:
+        from dataclasses import replace
+
+        ts = targets.stated()["attention.mla_verify"]
+        doc["run"]["targets"] = {"attention.mla_verify": [
+            replace(t, bar=bar).to_dict() if t.kind == "speedup" else t.to_dict() for t in ts]}
+    return doc
+
+
+def test_a_file_is_read_against_the_bars_its_run_stored():
+    """A run stores its bars; a file is read against those by default, today's on request,
+    and the line under the table says whose, naming a case where the two differ."""
+    speed = "8x the extend kernel at q_len 4, batch 1, 16K keys"
+    same = _verify_run(bar=8.0)
+    chosen, line = targets.bars(same)
+    assert chosen == {"attention.mla_verify": targets.stated()["attention.mla_verify"]}
+    assert line == "bars: as the run (made at abc1234) stated them"
+
+    older = _verify_run(bar=4.0)  # its code asked 4x: 5x is MET there, MISSED against today's 8x
+    for source, verdict, says in [(None, "MET", "today's code states other bars for attention.mla_verify: "
+                                               "--bars code reads those"),
+                                  ("run", "MET", "--bars code"),
+                                  ("code", "MISSED", "the run (made at abc1234) stated other bars")]:
+        chosen, line = targets.bars(older, source)
+        (row,) = [r for r in targets.evaluate(chosen, older) if r["target"].text == speed and r["variant"] == "verify"]
+        assert row["verdict"] == verdict and row["target"].bar == (8.0 if source == "code" else 4.0)
+        assert says in line
+        assert line in targets.render(older, [row], "text", line)
+    # the table printed after the run reads the run's own bars too
+    assert re.search(r"\| MET +\|", targets.for_run(older, "markdown"))
+
+    old = _verify_run()  # written before runs stored bars: today's, said so; --bars run refused
+    chosen, line = targets.bars(old)
+    assert chosen == targets.stated() and "this file was written before runs stored their bars" in line
+    with pytest.raises(ValueError, match="stores no bars"):
+        targets.bars(old, "run")
+
+
+def test_cli_targets_bars(tmp_path, capsys):
+    from microbench.cli import main
+    from microbench.results import SCHEMA, SCHEMA_VERSION
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **_verify_run(bar=4.0)}))
+    assert main(["targets", str(path), "--fail-on", "missed", "--variant", "verify"]) == 0
+    out = capsys.readouterr().out
+    assert "bars: as the run (made at abc1234) stated them; today's code states other bars" in out
+    assert main(["targets", str(path), "--fail-on", "missed", "--variant", "verify", "--bars", "code"]) == 1
+    assert "bars: today's code; the run" in capsys.readouterr().out
+    path.write_text(json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **_verify_run()}))
+    assert main(["targets", str(path), "--bars", "run"]) == 2
+    err = capsys.readouterr().err
+    assert "stores no bars" in err and "Traceback" not in err
+
+
+def test_a_run_stores_the_bars_its_cases_state():
+    import argparse
+
+    from microbench.cli import run_meta
+
+    class Broken:
+        id = "x.broken"
+
+        def targets(self):
+            raise ValueError("a bad bar")
+
+    cases = [c for c in all_cases() if c.id in ("attention.mla_verify", "norm.rmsnorm")] + [Broken()]
+    opts = argparse.Namespace(suite="verify", device="cuda", timing=argparse.Namespace(), repeat=1)
+    a = argparse.Namespace(seed=0, interleave=False, min_effect=0.02, threads=None)
+    meta = json.loads(json.dumps(run_meta(a, opts, cases)))
+    assert list(meta["targets"]) == ["attention.mla_verify"]  # rmsnorm states none; the broken one is left out
+    assert targets.of_run({"run": meta}) == {"attention.mla_verify": targets.stated()["attention.mla_verify"]}
