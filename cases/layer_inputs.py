@@ -7,10 +7,15 @@ cache (page size 1) with spare pages for the step's new tokens.
 **Routing that both paths agree on.** The layer runs its real router, and the reference
 its own, on hidden states that differ by bf16 rounding; near-ties at the top-k boundary
 would send a token to different experts in the two. So the inputs put each token's
-residual stream, large next to the rest, along the least-norm direction whose gate logits
+layer input x, large next to the rest, along the least-norm direction whose gate logits
 are equal on ``top_k`` chosen experts (from ``topk_group`` groups, two per group, as
 grouped routing needs) and zero on every other: after the norms the chosen logits are
 ~sqrt(H / k), the others ~0 +- 0.1, and both paths pick the same set by a wide margin.
+The steer is in x, not in the residual: the layer adds x and its attention output to the
+residual in place at every call, and a timing loop makes thousands of calls on the same
+inputs; a steer in the residual would be outgrown by the summed x within ~10 calls and
+the timed calls would route elsewhere than the gated one. In x, each call adds more of the
+same direction, so every timed call routes as the first did.
 The chosen sets are drawn independently per token, so T tokens touch ~E (1 - (1 - k/E)^T)
 experts, as random routing does. The kernels' cost does not depend on the values.
 """
@@ -94,8 +99,9 @@ def layer_batch(s: LayerShape, batch: int, q_len: int, context: int, dtype: torc
 
 def layer_inputs(w: LayerWeights, tokens: int, dtype: torch.dtype, device: str,
                  seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(x, residual, chosen)``: x ~ N(0, 1) [T, H]; residual along each token's chosen
-    experts' gate rows (see the module docstring); chosen [T, top_k] the expert ids."""
+    """``(x, residual, chosen)``: x [T, H] along each token's chosen experts' gate rows plus
+    N(0, 1) (see the module docstring); residual ~ N(0, 1) [T, H]; chosen [T, top_k] the
+    expert ids."""
     s = w.shape
     g = torch.Generator().manual_seed(seed)
     per_group = s.experts // s.n_group
@@ -114,7 +120,6 @@ def layer_inputs(w: LayerWeights, tokens: int, dtype: torch.dtype, device: str,
     # the least-norm direction whose gate logits are exactly 1 on the chosen experts, 0 elsewhere
     direction = torch.linalg.solve(gate @ gate.T, target.T).T @ gate  # [T, H]
     direction = direction / direction.norm(dim=1, keepdim=True) * math.sqrt(s.top_k)
-    x = randn((tokens, s.hidden), torch.float32, device, seed + 1)
-    residual = (4.0 * math.sqrt(s.hidden) * direction).float() + randn((tokens, s.hidden), torch.float32, device,
-                                                                       seed + 2)
+    x = (4.0 * math.sqrt(s.hidden) * direction).float() + randn((tokens, s.hidden), torch.float32, device, seed + 1)
+    residual = randn((tokens, s.hidden), torch.float32, device, seed + 2)
     return x.to(dtype), residual.to(dtype), chosen

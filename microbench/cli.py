@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
 import sys
 import threading
+import time
 from typing import Any, Sequence
 
 EXIT_USAGE = 2
@@ -178,10 +180,20 @@ def run_options(a: argparse.Namespace, suite: str, device: str, variants: list[s
     from microbench.runner import RunOptions
 
     timing, repeat = run_timing(a, device)
+    deadline = deadline_s(a)
     return RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, seed=a.seed, min_effect=a.min_effect, probe=not a.no_probe,
                       cache_bytes=env.l2_cache_bytes(device), profile_ceilings=_profile_ceilings(device),
-                      repeat=repeat, world=world)
+                      repeat=repeat, world=world,
+                      deadline_at=None if deadline is None else time.monotonic() + deadline)
+
+
+def deadline_s(a: argparse.Namespace) -> float | None:
+    """``--deadline-s`` (None where the command has none); a non-positive one is refused."""
+    d = getattr(a, "deadline_s", None)
+    if d is not None and not (d > 0 and math.isfinite(d)):
+        raise UsageError(f"--deadline-s {d:g}: need a positive number of seconds")
+    return d
 
 
 def make_plan(cases, opts, all_cases):
@@ -205,7 +217,8 @@ def run_meta(a: argparse.Namespace, opts, cases) -> dict[str, Any]:
     return {"targets": stored(cases), "id": None, "started_utc": utc_now(), "argv": sys.argv[1:], "suite": opts.suite,
             "cases": [c.id for c in cases], "device": opts.device, "seed": a.seed, "interleave": a.interleave,
             "timing": opts.timing.__dict__, "min_effect": a.min_effect,
-            "cpu_threads": a.threads if opts.device == "cpu" else None, "repeat": opts.repeat}
+            "cpu_threads": a.threads if opts.device == "cpu" else None, "repeat": opts.repeat,
+            "deadline_s": getattr(a, "deadline_s", None)}
 
 
 def open_writer(out: str, meta: dict[str, Any], fingerprint: dict[str, Any]):
@@ -270,6 +283,7 @@ def cmd_run(a: argparse.Namespace) -> int:
               + (f" x {opts.repeat} passes" if opts.repeat > 1 else "")
               + (f", {len(p.skipped)} skipped" if p.skipped else "") + f" from {len(here)} case(s)"
               + f", timing at most {duration_text(bound)}"
+              + (f" (budgets cut as needed to end by --deadline-s {a.deadline_s:g})" if a.deadline_s else "")
               + (f", then {len(multi)} multi-rank case(s) on {nproc} ranks" if multi and nproc > 1 else ""),
               file=sys.stderr)
     writer = open_writer(a.out, run_meta(a, opts, cases), env.fingerprint(device))
@@ -382,6 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="results", help="directory for the result file (default: results/)")
     r.add_argument("--mode", choices=["cold", "hot", "graph"], help="timing mode (default: cold on CUDA, hot on CPU)")
     r.add_argument("--budget-s", type=float, default=1.0, help="time budget per variant and point (s)")
+    r.add_argument("--deadline-s", type=float, metavar="S",
+                   help="end the run's points within S seconds of its start: before each point, what is left is "
+                        "spread over the variant runs to come (less the set-up each has cost so far), cutting "
+                        "their budgets below --budget-s as needed, so every point is still gated and timed (down "
+                        "to 3 samples) rather than the last ones lost to a time limit; a cut record says so")
     r.add_argument("--max-noise", type=float, default=0.005, help="stop when the median's relative noise is under this")
     r.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change a verdict calls real")
     r.add_argument("--interleave", action="store_true", help="time variants alternately (A B A B) for in-run A/B")

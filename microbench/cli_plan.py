@@ -9,8 +9,8 @@ import argparse
 import textwrap
 from typing import Any
 
-from microbench.cli import (UsageError, _axis_picks, default_nproc, make_plan, resolve_device, run_selection,
-                            run_timing)
+from microbench.cli import (UsageError, _axis_picks, deadline_s, default_nproc, make_plan, resolve_device,
+                            run_selection, run_timing)
 
 
 def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], dict[str, Any]]:
@@ -49,7 +49,8 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
         row["reasons"][reason] = row["reasons"].get(reason, 0) + 1
     for row in rows.values():
         row["budget_s"] = row["runs"] * timing.budget_s * repeat
-    settings = {"budget_s": timing.budget_s, "max_noise": timing.max_noise, "repeat": repeat}
+    settings = {"budget_s": timing.budget_s, "max_noise": timing.max_noise, "repeat": repeat,
+                "deadline_s": deadline_s(a)}
     return suite, device, list(rows.values()), settings
 
 
@@ -80,7 +81,9 @@ def render_plan(suite: str, device: str, rows: list[dict[str, Any]], settings: d
     note = (f"The timing budget is an upper bound: {settings['budget_s']:g} s per variant run and pass "
             f"({passes}); a variant stops sooner once its median's noise is under {settings['max_noise']:.1%}. "
             "Set-up, the correctness gate, warm-up and first-call compiles come on top. Reasons that "
-            "depend on this host (a library it lacks) may not hold where the run is meant to go.")
+            "depend on this host (a library it lacks) may not hold where the run is meant to go."
+            + (f" With --deadline-s {settings['deadline_s']:g}, budgets are cut as the run goes so that its "
+               "points end by then, every one still gated and timed." if settings.get("deadline_s") else ""))
     lines.append(note if md else textwrap.fill(note, 100))
     notes = [(r["case"], why, n) for r in rows for why, n in r["reasons"].items()]
     if notes:

@@ -17,6 +17,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Sequence
 
 
@@ -31,6 +32,10 @@ def child_argv(a: argparse.Namespace, suite: str, device_kind: str, cases: Seque
             "--min-effect", repr(a.min_effect), "--seed", str(a.seed), "--threads", str(a.threads),
             "--repeat", str(opts.repeat), "--dist-timeout", repr(a.dist_timeout)]
     argv += ["--mode", a.mode] if a.mode else []
+    if opts.deadline_at is not None:  # what is left of this run's deadline, the ranks' to spread
+        from microbench.runner import MIN_DEADLINE_BUDGET_S
+
+        argv += ["--deadline-s", repr(max(MIN_DEADLINE_BUDGET_S, opts.deadline_at - time.monotonic()))]
     argv += ["--backend", a.backend] if a.backend else []
     argv += ["--interleave"] if a.interleave else []
     argv += ["--no-probe"] if a.no_probe else []

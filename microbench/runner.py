@@ -41,6 +41,7 @@ class RunOptions:
     repeat: int = 1  # passes over the whole plan; samples pooled per point
     profile_ceilings: Mapping[str, dict] = field(default_factory=dict)  # fallback ceilings
     world: Any = None  # a microbench.distributed.World: multi-rank cases run on it
+    deadline_at: float | None = None  # time.monotonic() by which the run should end (--deadline-s)
 
 
 @dataclass
@@ -166,12 +167,16 @@ class Runner:
 
     # ------------------------------------------------------------------ one point
 
-    def run_point(self, case: Case, point: Point) -> list[dict[str, Any]]:
+    def run_point(self, case: Case, point: Point, budget_s: float | None = None) -> list[dict[str, Any]]:
+        """Gate and time every variant of ``case`` at ``point``; ``budget_s``: the timing
+        budget per variant when a deadline cut it below the run's (recorded and noted)."""
         o = self.opts
         dev = o.device
         seed = point_seed(o.seed, case.id, point)
         forced = case.point_timing_mode(point)
-        timing = o.timing if not forced else TimingOptions(**{**o.timing.__dict__, "mode": forced})
+        cut = budget_s is not None and budget_s < o.timing.budget_s
+        timing = o.timing if not (forced or cut) else TimingOptions(**{
+            **o.timing.__dict__, "mode": forced or o.timing.mode, "budget_s": budget_s if cut else o.timing.budget_s})
         mode = timing.resolved_mode(dev)
         world = o.world if case.distributed else None
         recs: dict[str, dict[str, Any]] = {}
@@ -227,6 +232,9 @@ class Runner:
                 if notes.get(v):
                     r["timing"]["notes"].append(notes[v])
                 r["timing"]["interleaved"] = o.interleave and len(measured) > 1
+                if cut:
+                    r["timing"]["budget_s"] = timing.budget_s
+                    r["timing"]["notes"].append(DEADLINE_NOTE)
                 self._floor(r)
             self._vs_baseline(case, recs)
         out = [recs[v.name] for v in variants if v.name in recs]
@@ -305,11 +313,17 @@ class Runner:
         total, passes = len(p.items), max(1, self.opts.repeat)
         kept: list[list[dict[str, Any]]] = []
         t0 = time.perf_counter()
+        pace = Pace(self.opts, [n for _ in range(passes) for n in _runs_per_point(p, self.opts)])
         for k in range(passes):
             for i, (case, point) in enumerate(p.items):
                 tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
-                self.progress(f"[{i + 1}/{total}]{tag} {case.id} {point_label(point)}")
-                recs = self.run_point(case, point)
+                budget = pace.budget()
+                if case.distributed and self.opts.world is not None and self.opts.world.size > 1 and budget:
+                    budget = min(self.opts.world.agree("deadline budget", budget))  # lock step needs one rule
+                cut = f" (budget {budget:.3g} s: --deadline-s)" if budget and budget < self.opts.timing.budget_s else ""
+                self.progress(f"[{i + 1}/{total}]{tag} {case.id} {point_label(point)}{cut}")
+                recs = self.run_point(case, point, budget)
+                pace.done(recs)
                 if k == 0:
                     kept.append(recs)
                     self._keep(recs)
@@ -324,6 +338,8 @@ class Runner:
                     self.progress("    " + progress_text(r))
         if total:
             self.progress(time_split_text([r for recs in kept for r in recs], time.perf_counter() - t0))
+            if pace.cut_points:
+                self.progress(pace.summary())
         self._derive(p)
         return self.records
 
@@ -354,6 +370,69 @@ class Runner:
             self.writer.add(recs)
             self.writer.doc["run"]["ceilings"] = self.ceilings
             self.writer.flush()
+
+
+#: The note a record carries when --deadline-s cut its timing budget (the budget it got is
+#: its timing's ``budget_s``); one text, so a table's footnotes name it once.
+DEADLINE_NOTE = "timing budget cut to end the run by its --deadline-s (this record's budget: timing.budget_s)"
+
+#: The least budget a deadline leaves a variant: the stopping rule's 3-sample floor then ends it.
+MIN_DEADLINE_BUDGET_S = 1e-3
+
+
+def _runs_per_point(p: Plan, opts: RunOptions) -> list[int]:
+    """Variant runs (gated and, when correct, timed) at each of the plan's points."""
+    return [sum(variant_skip(case, v, point, opts.device) is None for v in case.variants()
+                if not opts.variants or v.name in opts.variants) for case, point in p.items]
+
+
+class Pace:
+    """Spreads what is left of a run's deadline over the variant runs still to come.
+
+    Before each point: budget = time left / runs left - the set-up each run has cost so far
+    (everything but its sampling loop: inputs, reference, gate, compiles, warm-up, probe),
+    at most the run's own budget and at least :data:`MIN_DEADLINE_BUDGET_S`. So a run that
+    keeps pace keeps its budget, a slow start (compiles) shrinks the later points' budgets,
+    and every point is still reached, gated and timed (with fewer samples) instead of the
+    last ones being lost to a time limit. ``budget()`` is None when the run has no deadline.
+    """
+
+    def __init__(self, opts: RunOptions, runs: Sequence[int], clock: Callable[[], float] = time.monotonic):
+        self.opts, self.runs, self.clock = opts, list(runs), clock
+        self.start = clock()
+        self.i = 0
+        self.sampling_s = 0.0  # sampling loops' wall time so far
+        self.runs_done = 0
+        self.cut_points = 0
+        self.least: float | None = None
+
+    def budget(self) -> float | None:
+        if self.opts.deadline_at is None:
+            return None
+        left_runs = sum(self.runs[self.i:])
+        if not left_runs:
+            return self.opts.timing.budget_s
+        now = self.clock()
+        overhead = (now - self.start - self.sampling_s) / self.runs_done if self.runs_done else 0.0
+        b = (self.opts.deadline_at - now) / left_runs - overhead
+        b = min(self.opts.timing.budget_s, max(MIN_DEADLINE_BUDGET_S, b))
+        if b < self.opts.timing.budget_s:
+            self.cut_points += 1
+            self.least = b if self.least is None else min(self.least, b)
+        return b
+
+    def done(self, recs: Sequence[dict[str, Any]]) -> None:
+        timed = [r["timing"] for r in recs if r.get("timing")]
+        loops = [t["elapsed_s"] for t in timed]  # interleaved variants share one loop: counted once
+        self.sampling_s += (max(loops) if any(t.get("interleaved") for t in timed) else sum(loops)) if loops else 0.0
+        self.runs_done += self.runs[self.i] if self.i < len(self.runs) else 0
+        self.i += 1
+
+    def summary(self) -> str:
+        over = self.clock() - self.opts.deadline_at if self.opts.deadline_at is not None else 0.0
+        return (f"deadline: {self.cut_points} of {len(self.runs)} points timed on a cut budget (least "
+                f"{self.least:.3g} s of {self.opts.timing.budget_s:g} s); the points ended "
+                + (f"{over:.0f} s past the deadline" if over > 0 else f"{-over:.0f} s before the deadline"))
 
 
 def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) -> None:

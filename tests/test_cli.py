@@ -252,7 +252,7 @@ def test_gpu_check_runs_the_gpu_tests_only():
     script = open(os.path.join(ROOT, "scripts", "gpu-check")).read()
     limits = [int(n) for n in re.findall(r'^\s*step "[^"]+" (\d+) ', script, re.M)]
     # the check's steps fit in 8 minutes, with room for what runs between them (the CUDA
-    # probe, a gzip of a large result file, a SIGTERM'd step's 10 s grace)
+    # probe, a gzip of a large result file, a SIGTERM'd step's 5 s grace)
     assert len(limits) >= 6 and sum(limits) <= 8 * 60 - 15
     (line,) = [ln for ln in script.splitlines() if ln.startswith('step "tests"')]
     args = shlex.split(line)
@@ -263,6 +263,19 @@ def test_gpu_check_runs_the_gpu_tests_only():
     ids = [ln for ln in p.stdout.splitlines() if "::" in ln]
     assert len(ids) >= 10, p.stdout[-2000:]
     assert not [i for i in ids if i.startswith(("tests/test_cli.py", "tests/test_compile.py"))]
+
+
+def test_gpu_check_gives_the_verify_suite_a_deadline_inside_its_limit():
+    """The suite's run spreads a deadline over its points (the builds' time is not known
+    before a GPU runs them), ending them before the step's SIGTERM with room for its table,
+    speed targets and file."""
+    import shlex
+
+    script = open(os.path.join(ROOT, "scripts", "gpu-check")).read().replace("\\\n", " ")
+    (line,) = [ln for ln in script.splitlines() if ln.startswith('step "verify suite"')]
+    args = shlex.split(line)
+    limit, deadline = int(args[2]), float(args[args.index("--deadline-s") + 1])
+    assert 0.8 * limit <= deadline <= limit - 15
 
 
 def test_gpu_check_tunes_every_point_a_moe_speed_target_reads():
@@ -394,3 +407,32 @@ def test_the_readmes_command_lines_use_options_the_commands_have():
                         assert w.split("=")[0] in known, f"README: {words[1]} has no option {w} ({part.strip()!r})"
                 seen += 1
     assert seen >= 30
+
+
+def test_run_with_a_deadline_records_it_and_refuses_a_bad_one(tmp_path, capsys):
+    from microbench.runner import DEADLINE_NOTE
+
+    assert main(["run", *QUICK, "--device", DEVICE, "--out", str(tmp_path), "--deadline-s", "0"]) == 2
+    assert "--deadline-s 0: need a positive number of seconds" in capsys.readouterr().err
+    assert not _files(tmp_path)
+    assert main(["run", *QUICK, "--device", DEVICE, "--out", str(tmp_path), "--deadline-s", "0.01"]) == 0
+    err = capsys.readouterr().err
+    assert "(budgets cut as needed to end by --deadline-s 0.01)" in err and "points timed on a cut budget" in err
+    (path,) = _files(tmp_path)
+    doc = json.load(open(path))
+    assert doc["run"]["deadline_s"] == 0.01
+    assert all(r["status"] == "OK" and DEADLINE_NOTE in r["timing"]["notes"] for r in doc["records"])
+
+
+def test_ranks_get_what_is_left_of_the_deadline():
+    from microbench.cli import build_parser
+    from microbench.ranks import child_argv
+    from microbench.runner import RunOptions
+
+    a = build_parser().parse_args(["run", "--case", "comm.allreduce", "--deadline-s", "100"])
+    comm = [cases_pkg.get_case("comm.allreduce")]
+    argv = child_argv(a, "smoke", "cpu", comm, RunOptions(suite="smoke", deadline_at=time.monotonic() + 40), "/tmp")
+    assert 39 < float(argv[argv.index("--deadline-s") + 1]) <= 40
+    argv = child_argv(a, "smoke", "cpu", comm, RunOptions(suite="smoke", deadline_at=time.monotonic() - 5), "/tmp")
+    assert float(argv[argv.index("--deadline-s") + 1]) > 0  # past it: the ranks still run, on the least budget
+    assert "--deadline-s" not in child_argv(a, "smoke", "cpu", comm, RunOptions(suite="smoke"), "/tmp")

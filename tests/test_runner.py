@@ -240,3 +240,54 @@ def test_a_cases_summary_lines_are_kept_in_the_file_and_printed_under_its_table(
     recs = Runner(opts, None, progress=lines.append).run(plan([case], opts))
     assert [r["status"] for r in recs] == ["OK", "OK"]
     assert any("test.scaled: derived columns or summary failed: ValueError: no" in line for line in lines)
+
+
+def _timed_recs(*elapsed, interleaved=False):
+    return [{"timing": {"elapsed_s": e, "interleaved": interleaved}} for e in elapsed]
+
+
+def test_a_deadline_keeps_the_budget_while_the_run_keeps_pace_and_cuts_it_when_behind():
+    from microbench.runner import MIN_DEADLINE_BUDGET_S, Pace
+
+    now = [0.0]
+    opts = RunOptions(suite="smoke", timing=TimingOptions(budget_s=1.0), deadline_at=100.0)
+    pace = Pace(opts, [2, 2, 2, 2], clock=lambda: now[0])
+    assert pace.budget() == 1.0  # 100 s for 8 runs: the run's own budget
+    now[0] = 2.5  # two runs: 2 s sampling, 0.25 s of set-up each
+    pace.done(_timed_recs(1.0, 1.0))
+    assert pace.budget() == 1.0 and pace.cut_points == 0
+    # the second point's builds took 87.5 s: 10 s left for 4 runs that cost ~22 s of set-up each
+    now[0] = 92.0
+    pace.done(_timed_recs(1.0, 1.0))
+    assert pace.budget() == MIN_DEADLINE_BUDGET_S and pace.cut_points == 1
+    # a run a little behind gets a budget between the floor and its own
+    opts = RunOptions(suite="smoke", timing=TimingOptions(budget_s=1.0), deadline_at=6.0)
+    now[0] = 0.0
+    pace = Pace(opts, [2, 2, 2], clock=lambda: now[0])
+    assert pace.budget() == 1.0
+    now[0] = 2.2  # interleaved: one 2 s loop shared by both variants, 0.1 s set-up each
+    pace.done(_timed_recs(2.0, 2.0, interleaved=True))
+    assert pace.budget() == pytest.approx((6.0 - 2.2) / 4 - 0.1)
+    now[0] = 5.5  # 3 s sampled in all, 2.5 s of set-up over 4 runs: no time left for the last point's
+    pace.done(_timed_recs(0.5, 0.5))
+    assert pace.budget() == MIN_DEADLINE_BUDGET_S
+    now[0] = 7.0
+    assert pace.summary() == ("deadline: 2 of 3 points timed on a cut budget (least 0.001 s of 1 s); "
+                              "the points ended 1 s past the deadline")
+    # no deadline: no budget is set
+    assert Pace(RunOptions(suite="smoke"), [1]).budget() is None
+
+
+def test_a_deadline_cuts_the_budgets_but_every_point_is_still_gated_and_timed():
+    import time as _time
+
+    from microbench.runner import DEADLINE_NOTE
+
+    recs, _ = _run(Scaled(), timing=TimingOptions(budget_s=5.0, max_noise=1e-9),
+                   deadline_at=_time.monotonic() + 0.5)
+    assert recs and {r["status"] for r in recs} == {"OK"}
+    for r in recs:
+        t = r["timing"]
+        assert DEADLINE_NOTE in t["notes"] and t["budget_s"] < 5.0 and t["summary"]["count"] >= 3
+    recs, _ = _run(Scaled(), timing=TimingOptions(budget_s=0.05, max_noise=1e-9), deadline_at=_time.monotonic() + 60)
+    assert all(DEADLINE_NOTE not in r["timing"]["notes"] and "budget_s" not in r["timing"] for r in recs)
