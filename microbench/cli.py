@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--budget-s", type=float, default=1.0, help="time budget per variant and point (s)")
     r.add_argument("--deadline-s", type=float, metavar="S",
                    help="end the run's points within S seconds of its start: before each point, what is left is "
-                        "spread over the variant runs to come (less the set-up each has cost so far), cutting "
+                        "spread over the variant runs to come (less the median set-up a run has cost so far), cutting "
                         "their budgets below --budget-s as needed, so every point is still gated and timed (down "
                         "to 3 samples) rather than the last ones lost to a time limit; a cut record says so")
     r.add_argument("--max-noise", type=float, default=0.005, help="stop when the median's relative noise is under this")

@@ -12,6 +12,7 @@ FAILED with its error and the run goes on.
 from __future__ import annotations
 
 import functools
+import statistics
 import sys
 import time
 import traceback
@@ -389,31 +390,35 @@ def _runs_per_point(p: Plan, opts: RunOptions) -> list[int]:
 class Pace:
     """Spreads what is left of a run's deadline over the variant runs still to come.
 
-    Before each point: budget = time left / runs left - the set-up each run has cost so far
-    (everything but its sampling loop: inputs, reference, gate, compiles, warm-up, probe),
-    at most the run's own budget and at least :data:`MIN_DEADLINE_BUDGET_S`. So a run that
-    keeps pace keeps its budget, a slow start (compiles) shrinks the later points' budgets,
-    and every point is still reached, gated and timed (with fewer samples) instead of the
-    last ones being lost to a time limit. ``budget()`` is None when the run has no deadline.
+    Before each point: budget = time left / runs left - the set-up a run costs (everything
+    but its sampling loop: inputs, reference, gate, compiles, warm-up, probe: the median
+    over the points so far of each point's set-up per run — the least while there are
+    fewer than 3 —, so one point's burst of first-call compiles does not starve the points
+    after it), at most the run's own budget
+    and at least :data:`MIN_DEADLINE_BUDGET_S`. A run that keeps pace keeps its budget; one
+    that falls behind cuts its later points' budgets, since each point's share is taken
+    from the time actually left, and every point is still reached, gated and timed (with
+    fewer samples) instead of the last ones being lost to a time limit. ``budget()`` is
+    None when the run has no deadline.
     """
 
     def __init__(self, opts: RunOptions, runs: Sequence[int], clock: Callable[[], float] = time.monotonic):
         self.opts, self.runs, self.clock = opts, list(runs), clock
-        self.start = clock()
+        self.mark = clock()  # when the current point began
         self.i = 0
-        self.sampling_s = 0.0  # sampling loops' wall time so far
-        self.runs_done = 0
+        self.setup_per_run: list[float] = []  # per point: its wall time less its sampling, per run
         self.cut_points = 0
         self.least: float | None = None
 
     def budget(self) -> float | None:
         if self.opts.deadline_at is None:
             return None
+        self.mark = now = self.clock()
         left_runs = sum(self.runs[self.i:])
         if not left_runs:
             return self.opts.timing.budget_s
-        now = self.clock()
-        overhead = (now - self.start - self.sampling_s) / self.runs_done if self.runs_done else 0.0
+        seen = self.setup_per_run  # under 3 points a median is one outlier: the least, until more come
+        overhead = statistics.median(seen) if len(seen) >= 3 else min(seen, default=0.0)
         b = (self.opts.deadline_at - now) / left_runs - overhead
         b = min(self.opts.timing.budget_s, max(MIN_DEADLINE_BUDGET_S, b))
         if b < self.opts.timing.budget_s:
@@ -424,8 +429,10 @@ class Pace:
     def done(self, recs: Sequence[dict[str, Any]]) -> None:
         timed = [r["timing"] for r in recs if r.get("timing")]
         loops = [t["elapsed_s"] for t in timed]  # interleaved variants share one loop: counted once
-        self.sampling_s += (max(loops) if any(t.get("interleaved") for t in timed) else sum(loops)) if loops else 0.0
-        self.runs_done += self.runs[self.i] if self.i < len(self.runs) else 0
+        sampling = (max(loops) if any(t.get("interleaved") for t in timed) else sum(loops)) if loops else 0.0
+        runs = self.runs[self.i] if self.i < len(self.runs) else 0
+        if runs:
+            self.setup_per_run.append(max(0.0, self.clock() - self.mark - sampling) / runs)
         self.i += 1
 
     def summary(self) -> str:
