@@ -390,16 +390,15 @@ def _runs_per_point(p: Plan, opts: RunOptions) -> list[int]:
 class Pace:
     """Spreads what is left of a run's deadline over the variant runs still to come.
 
-    Before each point: budget = time left / runs left - the set-up a run costs (everything
-    but its sampling loop: inputs, reference, gate, compiles, warm-up, probe: the median
-    over the points so far of each point's set-up per run — the least while there are
-    fewer than 3 —, so one point's burst of first-call compiles does not starve the points
-    after it), at most the run's own budget
-    and at least :data:`MIN_DEADLINE_BUDGET_S`. A run that keeps pace keeps its budget; one
-    that falls behind cuts its later points' budgets, since each point's share is taken
-    from the time actually left, and every point is still reached, gated and timed (with
-    fewer samples) instead of the last ones being lost to a time limit. ``budget()`` is
-    None when the run has no deadline.
+    Before each point: budget = time left / runs left - the set-up a run costs, at most the
+    run's own budget and at least :data:`MIN_DEADLINE_BUDGET_S`. The set-up is everything
+    but the sampling loop (inputs, reference, gate, compiles, warm-up, probe), taken as the
+    median over the points so far of each point's set-up per run (the least while there are
+    fewer than 3), so one point's burst of first-call compiles does not starve the points
+    after it. A run that keeps pace keeps its budget; one that falls behind cuts its later
+    points' budgets, since each point's share is taken from the time actually left, and
+    every point is still reached, gated and timed (with fewer samples) instead of the last
+    ones being lost to a time limit. ``budget()`` is None when the run has no deadline.
     """
 
     def __init__(self, opts: RunOptions, runs: Sequence[int], clock: Callable[[], float] = time.monotonic):
