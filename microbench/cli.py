@@ -214,11 +214,11 @@ def run_meta(a: argparse.Namespace, opts, cases) -> dict[str, Any]:
     from microbench.results import utc_now
     from microbench.targets import stored
 
-    return {"targets": stored(cases), "id": None, "started_utc": utc_now(), "argv": sys.argv[1:], "suite": opts.suite,
+    return {"id": None, "started_utc": utc_now(), "argv": sys.argv[1:], "suite": opts.suite,
             "cases": [c.id for c in cases], "device": opts.device, "seed": a.seed, "interleave": a.interleave,
             "timing": opts.timing.__dict__, "min_effect": a.min_effect,
             "cpu_threads": a.threads if opts.device == "cpu" else None, "repeat": opts.repeat,
-            "deadline_s": getattr(a, "deadline_s", None)}
+            "deadline_s": getattr(a, "deadline_s", None), "targets": stored(cases)}
 
 
 def open_writer(out: str, meta: dict[str, Any], fingerprint: dict[str, Any]):

@@ -33,7 +33,7 @@ def child_argv(a: argparse.Namespace, suite: str, device_kind: str, cases: Seque
             "--repeat", str(opts.repeat), "--dist-timeout", repr(a.dist_timeout)]
     argv += ["--mode", a.mode] if a.mode else []
     if opts.deadline_at is not None:  # what is left of this run's deadline, the ranks' to spread
-        from microbench.runner import MIN_DEADLINE_BUDGET_S
+        from microbench.pace import MIN_DEADLINE_BUDGET_S
 
         argv += ["--deadline-s", repr(max(MIN_DEADLINE_BUDGET_S, opts.deadline_at - time.monotonic()))]
     argv += ["--backend", a.backend] if a.backend else []

@@ -36,7 +36,6 @@ today's bars, and says so.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -186,13 +185,10 @@ def bars(doc: dict[str, Any], source: str | None = None) -> tuple[dict[str, list
             other = run_bars
         line, also = f"bars: as the run{made} stated them", "today's code states other bars for {}: --bars code reads those"
 
-    def same(c: str) -> bool:
-        def key(ts: Sequence[Target]) -> list[str]:
-            return sorted(json.dumps(t.to_dict(), sort_keys=True, default=str) for t in ts)
+    def as_stored(c: str, side: Mapping[str, list[Target]]) -> list[dict[str, Any]]:  # tuples as lists, both sides
+        return [t.to_dict() for t in side.get(c, [])]
 
-        return key(chosen.get(c, [])) == key(other.get(c, []))
-
-    differ = sorted(c for c in held if not same(c))
+    differ = sorted(c for c in held if as_stored(c, chosen) != as_stored(c, other))
     return chosen, line + ("; " + also.format(", ".join(differ)) if differ else "")
 
 
@@ -385,8 +381,8 @@ def for_run(doc: dict[str, Any], fmt: str = "text", also: str | None = None) -> 
     if fmt == "csv" or _on_cpu(doc):
         return ""
     held = {r["case"] for r in doc["records"]}
-    run_bars = of_run(doc)  # what the run stored as it began: its own code's bars
+    own, _ = bars(doc)  # what the run stored as it began: its own code's bars
     chosen = {cid: [replace(t, variants=(*t.variants, also)) if also and also not in t.variants else t for t in ts]
-              for cid, ts in (stated() if run_bars is None else run_bars).items() if cid in held}
+              for cid, ts in own.items() if cid in held}
     rows = [r for r in evaluate(chosen, doc) if r["verdict"] is not None]
     return render(doc, rows, fmt) if any(r["value"] is not None for r in rows) else ""

@@ -410,7 +410,7 @@ def test_the_readmes_command_lines_use_options_the_commands_have():
 
 
 def test_run_with_a_deadline_records_it_and_refuses_a_bad_one(tmp_path, capsys):
-    from microbench.runner import DEADLINE_NOTE
+    from microbench.pace import DEADLINE_NOTE
 
     assert main(["run", *QUICK, "--device", DEVICE, "--out", str(tmp_path), "--deadline-s", "0"]) == 2
     assert "--deadline-s 0: need a positive number of seconds" in capsys.readouterr().err

@@ -247,7 +247,7 @@ def _timed_recs(*elapsed, interleaved=False):
 
 
 def test_a_deadline_keeps_the_budget_while_the_run_keeps_pace_and_cuts_it_when_behind():
-    from microbench.runner import MIN_DEADLINE_BUDGET_S, Pace
+    from microbench.pace import MIN_DEADLINE_BUDGET_S, Pace
 
     now = [0.0]
 
@@ -294,7 +294,7 @@ def test_a_deadline_keeps_the_budget_while_the_run_keeps_pace_and_cuts_it_when_b
 def test_a_deadline_cuts_the_budgets_but_every_point_is_still_gated_and_timed():
     import time as _time
 
-    from microbench.runner import DEADLINE_NOTE
+    from microbench.pace import DEADLINE_NOTE
 
     recs, _ = _run(Scaled(), timing=TimingOptions(budget_s=5.0, max_noise=1e-9),
                    deadline_at=_time.monotonic() + 0.5)
