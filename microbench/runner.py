@@ -24,6 +24,7 @@ from microbench.env import ClockSampler
 from microbench.gate import check_variant
 from microbench.pace import DEADLINE_NOTE, Pace
 from microbench.results import ResultWriter
+from microbench.samplers import free_cached_memory
 from microbench.timing import Measurement, TimingOptions, measure, measure_interleaved
 
 
@@ -104,13 +105,6 @@ def _record(case: Case, point: Point, variant: str, device: str, status: str, **
            "clocks": None, "probe": None, "vs_baseline": None}
     rec.update(kw)
     return rec
-
-
-def _free_device_memory(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.empty_cache()
 
 
 class Runner:
@@ -200,7 +194,7 @@ class Runner:
                 outcome = {"error": None, "passed": gate.passed, "wrong": gate.wrong, "summary": gate.summary()}
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the run
                 outcome = {"error": _error_text(e), "traceback": traceback.format_exc(limit=6), "dist": _is_dist(e)}
-                _free_device_memory(dev)
+                free_cached_memory(dev)
             outcome = _agreed_outcome(world, f"{case.id} {v.name} gate", outcome)
             if outcome["error"]:
                 recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=outcome["error"],
@@ -254,7 +248,7 @@ class Runner:
                 outcome = {"error": None}
             except Exception as e:  # noqa: BLE001
                 outcome = {"error": _error_text(e), "dist": _is_dist(e)}
-                _free_device_memory(dev)
+                free_cached_memory(dev)
             outcome = _agreed_outcome(world, "interleaved timing", outcome)
             if outcome["error"]:
                 for v, _ in ready:
@@ -269,7 +263,7 @@ class Runner:
                 outcome = {"error": None}
             except Exception as e:  # noqa: BLE001
                 outcome = {"error": _error_text(e), "traceback": traceback.format_exc(limit=6), "dist": _is_dist(e)}
-                _free_device_memory(dev)
+                free_cached_memory(dev)
             outcome = _agreed_outcome(world, f"{v.name} timing", outcome)
             if outcome["error"]:
                 recs[v.name].update(status="FAILED", reason=outcome["error"], traceback=outcome.get("traceback"))

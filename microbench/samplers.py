@@ -162,17 +162,48 @@ def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
     return int(min(_MAX_BATCH, max(1, math.ceil(min_sample_s * n / t - 1e-9)))), made
 
 
+def free_cached_memory(device: str, sync: bool = False) -> None:
+    """Give a failed call's cached blocks back to the device (after waiting for its work
+    if ``sync``). For error paths: it never raises, since the call's own error is the one
+    to report."""
+    if device.startswith("cuda"):
+        import torch
+
+        try:
+            if sync:
+                torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _end_routing_to_pool(torch, device: int, pool) -> None:
+    """Stop the caching allocator routing allocations to a failed capture's pool. Before
+    torch 2.12, ``capture_end`` raises on an invalidated capture (a sync or ``.item()``
+    among the calls) before it ends the routing, and the allocator then believes a
+    capture is under way for the rest of the process: every later ``empty_cache`` (which
+    each capture begins with) fails an internal assert. Later torch ends it itself, and
+    ending it twice raises, which is what the ``except`` is for."""
+    try:
+        torch._C._cuda_endAllocateToPool(device, pool)
+    except Exception:  # noqa: BLE001 - already ended (torch 2.12 and later)
+        pass
+
+
 def _capture(calls: Sequence[Callable[[], Any]], n: int):
     """A CUDA graph of ``n`` calls (rotating through ``calls``), captured on a stream of
-    its own. A capture that fails leaves this thread on the stream it was on and the
-    memory it took released, so the rest of the run is unharmed; one that captured no
-    GPU work is refused (replaying it would time nothing)."""
+    its own into a memory pool of its own. A capture that fails leaves this thread on the
+    stream it was on and the allocator no longer routing to the capture's pool, so the
+    rest of the run (later captures, ``empty_cache``) is unharmed; on torch before 2.12
+    the memory the failed capture took stays reserved until the process ends. One that
+    captured no GPU work is refused (replaying it would time nothing)."""
     import warnings
 
     import torch
 
     graph = torch.cuda.CUDAGraph()
     cap = torch.cuda.Stream()
+    dev, pool = torch.cuda.current_device(), torch.cuda.graph_pool_handle()
     k = len(calls)
     try:
         # the outer stream context restores this thread's stream even when capture_end
@@ -181,16 +212,13 @@ def _capture(calls: Sequence[Callable[[], Any]], n: int):
         # events, a sampling thread) neither break it nor are captured
         with torch.cuda.stream(cap), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=pool, stream=cap, capture_error_mode="thread_local"):
                 for j in range(n):
                     calls[j % k]()
     except Exception as e:  # capture errors are the case's, report them plainly
+        _end_routing_to_pool(torch, dev, pool)
         del graph
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        except Exception:  # noqa: BLE001 - the capture's own error is the one to report
-            pass
+        free_cached_memory("cuda", sync=True)
         raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {e}") from e
     empty = [w for w in caught if "CUDA Graph is empty" in str(w.message)]
     for w in caught:  # the capture's other warnings are shown as they would have been
