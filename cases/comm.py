@@ -142,7 +142,8 @@ class _AllReduce(Case):
         elif path in ("oneshot", "twoshot"):
             count, dtype = self._count(point)
             reason = (allreduce.symm_unavailable(kind, path)
-                      or allreduce.symm_unsupported(path, count * dtype.itemsize, dtype, world))
+                      or allreduce.symm_unsupported(path, count * dtype.itemsize, dtype, world)
+                      or (allreduce.symm_setup_error(dist.group.WORLD, device) if world == 1 else None))
         if reason is None and path in NCCL_PATHS and placement == "ip" and world == 1 and point["capture"] == "graph":
             # NCCL's one-rank path: out of place a copy, in place nothing at all
             reason = ("world size 1: NCCL's in-place sum over one rank launches no work, so its graph "

@@ -183,8 +183,9 @@ def symm_unavailable(device_kind: str, path: str) -> str | None:
 
 #: What torch's symmetric-memory all-reduce kernels are built for: bf16 and fp32 elements
 #: (fp16 is not dispatched), a message a multiple of 4 bytes (their narrowest vector), and for
-#: the out-of-place two-shot kernel the world sizes 2, 4 and 8 alone (the one-shot and the
-#: in-place two-shot kernels also take any other size, unrolled less).
+#: the two-shot kernel the world sizes 2, 4 and 8 alone (the one-shot kernel also takes any
+#: other size, unrolled less). Both two-shot variants here call the out-of-place kernel, the
+#: in-place one with its input as the output, so the rule holds for both.
 SYMM_DTYPES = (torch.bfloat16, torch.float32)
 SYMM_TWO_SHOT_WORLDS = (2, 4, 8)
 
@@ -230,6 +231,30 @@ def _symm(path: str, x: torch.Tensor, group: Any, out: torch.Tensor) -> torch.Te
     staged.copy_(x)
     getattr(torch.ops.symm_mem, _SYMM_OPS[path])(staged, "sum", sb.group_name, out)
     return out
+
+
+_setup_errors: dict[tuple, str | None] = {}
+
+
+def symm_setup_error(group: Any, device: str) -> str | None:
+    """Why a symmetric buffer cannot be set up and reduced into on ``device`` for ``group``
+    of one rank, or None; tried once per group and device (an allocation, its rendezvous and
+    one one-shot sum). Torch having the ops does not mean this host can map the memory (a
+    VM without the driver's fabric or IPC handles, a sandbox refusing the handle exchange's
+    socket): that is a reason to skip, not a kernel failing. Only a world of one is tried
+    here, where nobody waits on the rendezvous; in a larger one it is collective, so a
+    failure there stays the variant's (FAILED, with its error, agreed by every rank)."""
+    key = (id(group), str(device))
+    if key not in _setup_errors:
+        try:
+            x = torch.ones(64, dtype=torch.float32, device=device)
+            _symm("oneshot", x, group, torch.empty_like(x))
+            torch.cuda.synchronize(x.device)
+            _setup_errors[key] = None
+        except Exception as e:  # noqa: BLE001 - any failure is this host's reason
+            first = (str(e).strip().splitlines() or [""])[0]
+            _setup_errors[key] = f"symmetric memory could not be set up here ({type(e).__name__}: {first})"
+    return _setup_errors[key]
 
 
 def oneshot_inplace(x: torch.Tensor, group: Any) -> torch.Tensor:

@@ -199,21 +199,39 @@ def test_a_communication_error_stops_every_rank_but_only_fails_a_world_of_one():
         "every rank: NCCL watchdog: collective timed out"
 
 
-def test_a_profile_that_records_no_gpu_activity_says_so_instead_of_zero_launches(monkeypatch):
+def test_a_profile_that_records_no_gpu_activity_is_retried_then_says_so_instead_of_zero_launches(monkeypatch):
     import torch
 
     import contextlib
 
     from microbench.profile import profile_call
 
-    class Empty:  # the trace of a CUPTI that did not attach
+    from torch.autograd import DeviceType
+
+    class Trace:  # empty: the trace of a CUPTI that did not attach
+        def __init__(self, kernels):
+            self.kernels = kernels
+
         def events(self):
-            return []
+            return [type("Event", (), {"device_type": DeviceType.CUDA})()] * self.kernels
+
+    sessions: list[int] = []
+
+    def profile(kernels):
+        def session(**kw):
+            sessions.append(kernels[len(sessions)])
+            return contextlib.nullcontext(Trace(sessions[-1]))
+
+        return session
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext(Empty()))
+    monkeypatch.setattr(torch.profiler, "profile", profile([0, 0, 3]))
     out = profile_call(lambda: torch.ones(8) + 1)
-    assert "launches" not in out and "no GPU activity" in out["profile_error"] and out["host_s"] > 0
+    assert "launches" not in out and "no GPU activity in 2 sessions" in out["profile_error"] and out["host_s"] > 0
+    assert sessions == [0, 0]  # tried twice, then given up
+    sessions.clear()
+    monkeypatch.setattr(torch.profiler, "profile", profile([0, 3]))  # an empty first trace is tried again
+    assert profile_call(lambda: torch.ones(8) + 1)["launches"] == 3 and sessions == [0, 3]
 
 
 def test_a_cases_summary_lines_are_kept_in_the_file_and_printed_under_its_table(tmp_path):
