@@ -329,8 +329,9 @@ def mla_verify(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, ou
         kv_cache: [num_pages, page_size, 576] the paged prefix latents, q.dtype.
         plan: the batch layout from ``mla_common.plan_mla`` (on q's device).
         out: optional [T, H, 512] q.dtype contiguous output, written entirely.
-        num_splits: splits of each request's keys; None = :func:`verify_num_splits` for
-            this GPU's SM count (132 on the CPU). Splits past a request's keys are empty.
+        num_splits: splits of each request's keys (1..MAX_SPLITS); None =
+            :func:`verify_num_splits` for this GPU's SM count (132 on the CPU). Splits past
+            a request's keys are empty.
         dv_split: 1, or 2 to split each tile's 512 output channels over two programs
             (see ``DV_SPLIT`` in the module docstring): half the accumulator per program,
             twice the programs, each key block read by both (the second from L2).
@@ -354,8 +355,8 @@ def mla_verify(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, *, ou
     tile = verify_tile(plan.max_q_len, heads, dv_split)
     if num_splits is None:
         num_splits = verify_num_splits(plan, heads, sm_count(q.device), dv_split)
-    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
+    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits: expected an int in 1..{MAX_SPLITS}, got {num_splits!r}")
 
     t = plan.total_q
     single = num_splits == 1

@@ -159,8 +159,9 @@ def test_bad_input_is_named():
         mla_verify(x.q[:4], x.kv_new, x.kv_cache, x.plan)
     with pytest.raises(ValueError, match="out: expected"):
         mla_verify(x.q, x.kv_new, x.kv_cache, x.plan, out=torch.empty(5, 4, 576, dtype=torch.float16, device=DEVICE))
-    with pytest.raises(ValueError, match="num_splits"):
-        mla_verify(x.q, x.kv_new, x.kv_cache, x.plan, num_splits=0)
+    for bad in (0, MAX_SPLITS + 1, 70000, 2.0, True):  # 70000: past a grid dimension's limit
+        with pytest.raises(ValueError, match=r"num_splits: expected an int in 1\.\.128"):
+            mla_verify(x.q, x.kv_new, x.kv_cache, x.plan, num_splits=bad)
     with pytest.raises(ValueError, match="dv_split"):
         mla_verify(x.q, x.kv_new, x.kv_cache, x.plan, dv_split=4)
     with pytest.raises(ValueError, match="q: dtype"):
