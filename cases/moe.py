@@ -333,8 +333,9 @@ class MoEExpertsCase(Case):
     def tune(self, point: Point, device: str, trial: Any) -> list[dict[str, Any]]:
         """Three searches per point: the fused kernel's one configuration (both GEMMs share
         its alignment block), then the few-token kernel's w13 GEMM (w2 at its current
-        configuration), then its w2 GEMM (w13 at the winner).  Winners go into the
-        device's table; each row says how much faster the winner is than the default."""
+        configuration), then its w2 GEMM (w13 at the winner).  Each search's best so far
+        is in the device's table as soon as it is found (a search cut short keeps it);
+        each row says how much faster the winner is than the default."""
         from microbench.cases.moe_inputs import moe_shape
         from microbench.kernels.moe_common import TuningEntry, default_config, search_space
 
@@ -359,18 +360,19 @@ class MoEExpertsCase(Case):
                     default_t = m
                 if best_t is None or m < best_t:
                     best, best_t = cfg, m
+                    self.table(device).put(TuningEntry(kernel, gemm, kind, n, k, t, best, best_t))
             if best is None:
                 rows.append({"kernel": kernel, "gemm": gemm, "config": "none correct", "median_s": None})
                 continue
             configs = {**configs, slot: best}
-            self.table(device).put(TuningEntry(kernel, gemm, kind, n, k, t, best, best_t))
             rows.append({"kernel": kernel, "gemm": gemm, "median_s": best_t,
                          "vs default": f"{default_t / best_t:.2f}x" if default_t else "-",
                          "config": " ".join(f"{a}={v}" for a, v in best.to_dict().items())})
         return rows
 
     def save_tuning(self, device: str, path: str | None = None) -> str | None:
-        return self.table(device).save(path or tuning_path(device))
+        table = self.table(device)
+        return table.save(path or tuning_path(device)) if table.entries else None
 
     def summarize(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Per layout, weights and routing: each variant's time over fused's by token count,

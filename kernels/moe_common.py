@@ -375,7 +375,10 @@ def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: i
     an order that puts the likelier winners early (so a capped search still helps).
 
     ``fused``: block_m 16/32/64 (the alignment block) x block_n 32/64/128 x block_k
-    64/128 x group_m 1/8 x stages 3/4 — 72 configurations.  ``few_token``: block_n
+    64/128 x group_m 1/8 x stages 3/4 — 72 configurations, ordered so that a short search
+    varies what matters at few tokens first: block_n and stages (the first six), then
+    block_k, then block_m (more padding rows per expert), group_m last (it reorders the
+    tiles of an expert's row blocks; at few tokens each expert has one block).  ``few_token``: block_n
     32/64/128 x block_k 64/128 x split_k 1/2/4/8 (w13; w2: 1/2) x stages 3/4 — 48 / 24,
     and for INT4 each of them with ``unpack`` 1 and 0 (the default with 0 second).
     Warps stay 4 (at these row counts a tile is at most 64 x 128), except that the
@@ -391,8 +394,9 @@ def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: i
     if kernel == "few_token":
         out += [replace(first, num_warps=8, unpack=u) for u in unpacks]
     if kernel == "fused":
+        bks = sorted((64, 128), key=lambda bk: bk != first.block_k)  # the default's K step first
         grid = [dict(block_m=m, block_n=bn, block_k=bk, group_m=g, num_stages=st)
-                for m in (16, 32, 64) for bn in (64, 32, 128) for bk in (128, 64) for g in (1, 8) for st in (3, 4)]
+                for g in (1, 8) for m in (16, 32, 64) for bk in bks for bn in (64, 128, 32) for st in (3, 4)]
     else:
         splits = (4, 2, 8, 1) if gemm == "w13" else (1, 2)
         grid = [dict(block_n=bn, block_k=bk, split_k=sk, num_stages=st, unpack=u)

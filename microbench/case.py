@@ -255,7 +255,7 @@ class Case:
 
     def save_tuning(self, device: str, path: str | None = None) -> str | None:
         """Write what :meth:`tune` found (to ``path``, else the device's own table);
-        return the path, or None when the case tunes nothing."""
+        return the path, or None when the case tunes nothing or has found nothing yet."""
         return None
 
     def reference(self, workload: Workload) -> Mapping[str, Any]:

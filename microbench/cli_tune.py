@@ -44,7 +44,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         rows, _ = tune(p.items, device, seed=a.seed, timing=timing, cache_bytes=env.l2_cache_bytes(device),
                              max_trials=a.max_trials, out=a.out)
     except KeyboardInterrupt:
-        print("interrupted: the tuning tables keep every search finished before", file=sys.stderr)
+        print("interrupted: the tuning tables keep each search's best so far", file=sys.stderr)
         return EXIT_INTERRUPTED
     for r in rows:
         r["median_s"] = fmt_time(r["median_s"]) if r.get("median_s") else "-"

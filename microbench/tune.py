@@ -45,16 +45,16 @@ class Trial:
         atol, rtol = self.case.tolerance(self.point)
         try:
             gate = check_variant(fn, w.inputs, w.outputs, expected, atol=atol, rtol=rtol, seed=self.seed)
-        except Exception as e:  # noqa: BLE001 - a config that cannot compile or launch is just not a winner
+            if not gate.passed:
+                self.rejected += 1
+                self.log(f"    {label}: incorrect: {gate.summary()}")
+                return None
+            m = measure(functools.partial(fn, **w.kwargs()), device=self.device, options=self.timing,
+                        cache_bytes=self.cache_bytes)
+        except Exception as e:  # noqa: BLE001 - a config that cannot compile, launch or be timed is not a winner
             self.rejected += 1
             self.log(f"    {label}: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
-        if not gate.passed:
-            self.rejected += 1
-            self.log(f"    {label}: incorrect: {gate.summary()}")
-            return None
-        m = measure(functools.partial(fn, **w.kwargs()), device=self.device, options=self.timing,
-                    cache_bytes=self.cache_bytes)
         self.log(f"    {label}: {fmt_time(m.median_s)} ±{100 * m.summary.rel_noise:.2f}% n={m.summary.count}")
         return m.median_s
 
@@ -69,9 +69,10 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
          log: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Tune every point; returns the winners' rows and the tables written.
 
-    Each case saves its table after every point (``Case.save_tuning``), and on Ctrl-C or
-    SIGTERM once more before the interrupt goes on: the searches finished at the point
-    being tuned (the case puts each winner in its table as it is found) are kept too.
+    Each case saves its table after every point (``Case.save_tuning``), and when anything
+    stops the search (Ctrl-C, SIGTERM, an error) once more before that goes on: what the
+    point being tuned has found is kept too (the case puts each search's best so far in
+    its table as it is found). A table with nothing in it is not written.
     """
     log = log or (lambda s: print(s, file=sys.stderr))
     timing = timing or TimingOptions(budget_s=0.2, max_noise=0.01)
@@ -89,10 +90,11 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
         t0 = time.perf_counter()
         try:
             found = case.tune(point, device, trial)
-        except KeyboardInterrupt:
+        except BaseException as e:
             path = case.save_tuning(device, out)
-            if path:
-                log(f"    interrupted after {trial.count} trials: the winners found so far are in {path}")
+            why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"stopped by {type(e).__name__}"
+            log(f"    {why} after {trial.count} trials: " + (f"the winners found so far are in {path}" if path
+                                                            else "nothing found yet, no table written"))
             saved(path)
             raise
         for r in found:

@@ -158,6 +158,47 @@ def test_trial_rejects_an_incorrect_candidate(monkeypatch, tmp_path):
     assert trial.rejected == 1 and "incorrect" in logs[-1]
     assert trial(moe_cases._few_token, w, case.reference(w), "few") > 0
 
+    def untimeable(*a, **kw):  # correct at the gate, then fails in the timing loop
+        if untimeable.calls:
+            raise RuntimeError("CUDA error: out of memory\nmore")
+        untimeable.calls += 1
+        moe_cases._few_token(*a, **kw)
+
+    untimeable.calls = 0
+    assert trial(untimeable, w, case.reference(w), "late") is None
+    assert trial.rejected == 2 and logs[-1] == "    late: failed: RuntimeError: CUDA error: out of memory"
+
+
+@pytest.mark.parametrize("stop_at", [1, 2])
+def test_a_tune_stopped_inside_its_first_search_keeps_its_best_so_far_or_writes_nothing(
+        tmp_path, monkeypatch, capsys, stop_at):
+    """The GPU check's step limit can land in the first search: after one timed candidate
+    the table holds it; before any, no table is written and no 'tuning table:' line printed
+    (an empty table copied back would be committed as the device's)."""
+    from microbench import tune as tune_mod
+
+    monkeypatch.setattr(moe_cases, "TUNING_DIR", str(tmp_path))
+    real, calls = tune_mod.Trial.__call__, []
+
+    def stopping(self, fn, w, expected, label=""):
+        calls.append(label)
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return real(self, fn, w, expected, label)
+
+    monkeypatch.setattr(tune_mod.Trial, "__call__", stopping)
+    rc = cli.main(["tune", "--device", "cpu", "--axis", "weights=bf16", "--max-trials", "3", "--budget-s", "0.02"])
+    assert rc == cli.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    if stop_at == 1:
+        assert not (tmp_path / "cpu.json").exists() and "tuning table:" not in err
+        assert "nothing found yet, no table written" in err and "best so far" in err
+    else:
+        table = json.loads((tmp_path / "cpu.json").read_text())
+        assert [(e["kernel"], e["gemm"]) for e in table["entries"]] == [("fused", "w13+w2")]
+        assert table["entries"][0]["config"]["num_stages"] == 3  # the default, the one candidate timed
+        assert "winners found so far" in err and f"\ntuning table: {tmp_path / 'cpu.json'}\n" in err
+
 
 def _vb(label: str, ratio: float) -> dict:
     return {"label": label, "ratio": ratio, "lo": ratio * 0.98, "hi": ratio * 1.02}

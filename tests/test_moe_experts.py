@@ -195,6 +195,21 @@ def test_few_token_int4_unpacked_once_matches_reference(T, E, k, pattern, H, I, 
     _assert_matches_ref(_launch("few_token", cfg, x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
 
 
+@pytest.mark.parametrize("weights", ["int4", "bf16"])
+def test_a_short_fused_search_varies_its_n_tile_and_stages_first(weights):
+    """At few tokens each expert has one row block: group_m only reorders tiles and a larger
+    block_m only pads, so a capped search (the GPU check's: 6) tries N tiles and stages."""
+    from microbench.kernels.moe_common import default_config, search_space
+
+    space = search_space("fused", "w13+w2", weights, 512, 7168, 4)
+    first = default_config("fused", "w13+w2", weights, 512, 7168, 4)
+    assert len(space) == len(set(space)) == 72 and space[0] == first
+    assert {(c.block_n, c.num_stages) for c in space[:6]} == {(bn, st) for bn in (64, 128, 32) for st in (3, 4)}
+    assert all((c.block_m, c.block_k, c.group_m) == (16, first.block_k, 1) for c in space[:6])
+    assert {c.block_k for c in space[6:12]} == {192 - first.block_k}  # then the other K step
+    assert all(c.group_m == 1 for c in space[:36]) and all(c.group_m == 8 for c in space[36:])
+
+
 def test_unpack_once_is_searched_for_int4_and_refused_for_odd_groups():
     from microbench.kernels.moe_common import search_space
 
