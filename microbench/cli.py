@@ -20,6 +20,10 @@ from typing import Any, Sequence
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
+#: When this command began (``main``): --deadline-s counts from here, so the imports, the
+#: device and process-group set-up and the fingerprint before the first point count too.
+_started: float | None = None
+
 
 class UsageError(Exception):
     """Bad input from the user: one line, exit 2."""
@@ -51,6 +55,8 @@ def resolve_device(spec: str, present: bool = True) -> str:
         idx = torch.device(spec).index
         if idx is not None and idx >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s)")
+        if idx is not None:  # Triton launches on the current device, wherever its tensors are
+            torch.cuda.set_device(idx)
     elif spec == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     else:
@@ -185,7 +191,7 @@ def run_options(a: argparse.Namespace, suite: str, device: str, variants: list[s
                       interleave=a.interleave, seed=a.seed, min_effect=a.min_effect, probe=not a.no_probe,
                       cache_bytes=env.l2_cache_bytes(device), profile_ceilings=_profile_ceilings(device),
                       repeat=repeat, world=world,
-                      deadline_at=None if deadline is None else time.monotonic() + deadline)
+                      deadline_at=None if deadline is None else (_started or time.monotonic()) + deadline)
 
 
 def deadline_s(a: argparse.Namespace) -> float | None:
@@ -397,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--mode", choices=["cold", "hot", "graph"], help="timing mode (default: cold on CUDA, hot on CPU)")
     r.add_argument("--budget-s", type=float, default=1.0, help="time budget per variant and point (s)")
     r.add_argument("--deadline-s", type=float, metavar="S",
-                   help="end the run's points within S seconds of its start: before each point, what is left is "
+                   help="end the run's points within S seconds of the command's start (imports, device set-up "
+                        "and the fingerprint count): before each point, what is left is "
                         "spread over the variant runs to come (less the median set-up a run has cost so far), cutting "
                         "their budgets below --budget-s as needed, so every point is still gated and timed (down "
                         "to 3 samples) rather than the last ones lost to a time limit; a cut record says so")
@@ -452,6 +459,8 @@ def _terminated(signum: int, frame: Any) -> None:  # noqa: ARG001 - a signal han
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global _started
+    _started = time.monotonic()
     args = build_parser().parse_args(argv)
     # SIGTERM (timeout, a job scheduler, torchrun stopping its ranks) ends a command as
     # Ctrl-C does: a run keeps its finished points in a file marked incomplete and prints them

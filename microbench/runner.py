@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,6 +21,7 @@ from microbench import probe, stats, verdicts
 from microbench.case import Case, Point, Variant, expand, narrow, point_label, point_seed
 from microbench.env import ClockSampler
 from microbench.gate import check_variant
+from microbench.outcome import agreed_outcome, agreed_reason, attempt, error_text, failure
 from microbench.pace import DEADLINE_NOTE, Pace
 from microbench.results import ResultWriter
 from microbench.samplers import free_cached_memory
@@ -90,11 +90,6 @@ def planned_runs(p: Plan, variants: Sequence[str], device: str) -> tuple[int, in
     """(variant runs the plan makes, variant runs it skips) over its points."""
     whys = [why for *_, why in variant_plan(p, variants, device)]
     return sum(w is None for w in whys), sum(w is not None for w in whys)
-
-
-def _error_text(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
 
 
 def _record(case: Case, point: Point, variant: str, device: str, status: str, **kw: Any) -> dict[str, Any]:
@@ -178,7 +173,7 @@ class Runner:
         notes: dict[str, str | None] = {}
         variants = [v for v in case.variants() if not o.variants or v.name in o.variants]
         for v in variants:
-            why = _agreed_reason(world, f"{case.id} {v.name} skip", variant_skip(case, v, point, dev))
+            why = agreed_reason(world, f"{case.id} {v.name} skip", variant_skip(case, v, point, dev))
             extra = {"tags": dict(v.tags)} if v.tags else {}
             if why:
                 recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=why, **extra)
@@ -193,9 +188,9 @@ class Runner:
                             **extra)
                 outcome = {"error": None, "passed": gate.passed, "wrong": gate.wrong, "summary": gate.summary()}
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the run
-                outcome = {"error": _error_text(e), "traceback": traceback.format_exc(limit=6), "dist": _is_dist(e)}
+                outcome = failure(e)
                 free_cached_memory(dev)
-            outcome = _agreed_outcome(world, f"{case.id} {v.name} gate", outcome)
+            outcome = agreed_outcome(world, f"{case.id} {v.name} gate", outcome)
             if outcome["error"]:
                 recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=outcome["error"],
                                        traceback=outcome.get("traceback"), prep_s=time.perf_counter() - t0, **extra)
@@ -206,11 +201,20 @@ class Runner:
                 recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason="incorrect: " + outcome["summary"],
                                        prep_s=time.perf_counter() - t0, **base)
                 continue
-            if case.profile_calls and dev.startswith("cuda"):
-                from microbench.profile import profile_call
 
-                base["profile"] = profile_call(functools.partial(v.fn, **w.kwargs()))
-            calls, notes[v.name] = w.timed_calls(v.fn, mode, o.cache_bytes)
+            def prepare() -> tuple[list[Callable[[], Any]], str | None]:  # the launch profile, the timed copies
+                if case.profile_calls and dev.startswith("cuda"):
+                    from microbench.profile import profile_call
+
+                    base["profile"] = profile_call(functools.partial(v.fn, **w.kwargs()))
+                return w.timed_calls(v.fn, mode, o.cache_bytes)
+
+            prepared, outcome = attempt(world, f"{case.id} {v.name} timing set-up", dev, prepare)
+            if outcome["error"]:  # e.g. no memory left for the input copies a cold cache needs
+                recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=outcome["error"],
+                                       traceback=outcome.get("traceback"), prep_s=time.perf_counter() - t0, **base)
+                continue
+            calls, notes[v.name] = prepared
             recs[v.name] = _record(case, point, v.name, dev, "OK", prep_s=time.perf_counter() - t0, **base)
             ready.append((v, calls))
         clocks = None
@@ -242,14 +246,8 @@ class Runner:
         lock = world.lockstep() if world is not None else None
         measured: dict[str, Measurement] = {}
         if o.interleave and len(ready) > 1:
-            try:
-                ms = measure_interleaved([c for _, c in ready], device=dev, options=timing, cache_bytes=o.cache_bytes,
-                                         lockstep=lock)
-                outcome = {"error": None}
-            except Exception as e:  # noqa: BLE001
-                outcome = {"error": _error_text(e), "dist": _is_dist(e)}
-                free_cached_memory(dev)
-            outcome = _agreed_outcome(world, "interleaved timing", outcome)
+            ms, outcome = attempt(world, "interleaved timing", dev, lambda: measure_interleaved(
+                [c for _, c in ready], device=dev, options=timing, cache_bytes=o.cache_bytes, lockstep=lock))
             if outcome["error"]:
                 for v, _ in ready:
                     recs[v.name].update(status="FAILED", reason=outcome["error"])
@@ -258,13 +256,8 @@ class Runner:
             self._rank_medians(world, lock, measured, recs)
             return measured
         for v, calls in ready:
-            try:
-                m = measure(calls, device=dev, options=timing, cache_bytes=o.cache_bytes, lockstep=lock)
-                outcome = {"error": None}
-            except Exception as e:  # noqa: BLE001
-                outcome = {"error": _error_text(e), "traceback": traceback.format_exc(limit=6), "dist": _is_dist(e)}
-                free_cached_memory(dev)
-            outcome = _agreed_outcome(world, f"{v.name} timing", outcome)
+            m, outcome = attempt(world, f"{v.name} timing", dev, functools.partial(
+                measure, calls, device=dev, options=timing, cache_bytes=o.cache_bytes, lockstep=lock))
             if outcome["error"]:
                 recs[v.name].update(status="FAILED", reason=outcome["error"], traceback=outcome.get("traceback"))
                 continue
@@ -349,7 +342,7 @@ class Runner:
                 case.derive(by_case.get(case.id, []))
                 lines = [summary(x) for x in case.summarize(by_case.get(case.id, []))]
             except Exception as e:  # noqa: BLE001 - a broken derived column must not lose the run
-                self.progress(f"    {case.id}: derived columns or summary failed: {_error_text(e)}")
+                self.progress(f"    {case.id}: derived columns or summary failed: {error_text(e)}")
                 continue
             if lines:
                 summaries[case.id] = lines
@@ -432,57 +425,6 @@ def progress_text(r: dict[str, Any]) -> str:
         extra += f"  [prep {r['prep_s']:.1f} s, timing {t['elapsed_s']:.1f} s]"
     return (f"{r['variant']:<14} {fmt_time(s['median'])} ±{100 * s['rel_noise']:.2f}% "
             f"n={s['count']} ({t['stop_reason']}){extra}")
-
-
-def _is_dist(e: BaseException) -> bool:
-    """An error of the communication layer itself (timeout, lost peer): the ranks may be out
-    of step after it, so the run cannot go on."""
-    try:
-        import torch.distributed as dist
-
-        if isinstance(e, getattr(dist, "DistError", ())):
-            return True
-    except Exception:  # noqa: BLE001
-        pass
-    text = str(e).lower()
-    return any(k in text for k in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe"))
-
-
-def _agreed_reason(world: Any, tag: str, why: str | None) -> str | None:
-    """A skip decision every rank shares: skipped when any rank has a reason."""
-    if world is None:
-        return why
-    every = world.agree(tag, why)
-    hits = [(r, w) for r, w in enumerate(every) if w]
-    if not hits:
-        return None
-    if all(w == hits[0][1] for _, w in hits) and len(hits) == len(every):
-        return hits[0][1]
-    return "; ".join(f"rank {r}: {w}" for r, w in hits)
-
-
-def _agreed_outcome(world: Any, tag: str, outcome: dict[str, Any]) -> dict[str, Any]:
-    """One outcome for every rank: an error on any rank fails the variant everywhere; an
-    error of the communication layer stops every rank; gate mismatches are summed."""
-    if world is None:
-        return outcome
-    every = world.agree(tag, outcome)
-    errors = [(r, o) for r, o in enumerate(every) if o.get("error")]
-    # a world of one cannot fall out of step: its communication errors fail the variant
-    lost = [(r, o) for r, o in errors if o.get("dist")] if len(every) > 1 else []
-    if lost:
-        r, o = lost[0]
-        world.fatal(f"{tag}: rank {r}: {o['error']}")
-    if errors:
-        r, o = errors[0]
-        where = "every rank" if len(errors) == len(every) else f"rank {r}"
-        return {**o, "error": f"{where}: {o['error']}"}
-    if "passed" not in outcome:
-        return outcome
-    wrong = sum(int(o.get("wrong") or 0) for o in every)
-    failing = [(r, o) for r, o in enumerate(every) if not o["passed"]]
-    summary = outcome["summary"] if not failing else "; ".join(f"rank {r}: {o['summary']}" for r, o in failing)
-    return {"error": None, "passed": not failing, "wrong": wrong, "summary": summary}
 
 
 def _device_index(device: str) -> int | None:

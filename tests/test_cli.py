@@ -436,3 +436,34 @@ def test_ranks_get_what_is_left_of_the_deadline():
     argv = child_argv(a, "smoke", "cpu", comm, RunOptions(suite="smoke", deadline_at=time.monotonic() - 5), "/tmp")
     assert float(argv[argv.index("--deadline-s") + 1]) > 0  # past it: the ranks still run, on the least budget
     assert "--deadline-s" not in child_argv(a, "smoke", "cpu", comm, RunOptions(suite="smoke"), "/tmp")
+
+
+def test_the_deadline_counts_from_the_commands_start(monkeypatch):
+    """What comes before the first point (imports, NCCL set-up, the fingerprint) spends the
+    deadline too: a step limit just above it then leaves the run's ending its few seconds."""
+    from microbench import cli
+    from microbench.cli import build_parser, run_options
+
+    a = build_parser().parse_args(["run", "--device", "cpu", "--deadline-s", "100"])
+    monkeypatch.setattr(cli, "_started", time.monotonic() - 30)  # 30 s of set-up before the options
+    assert 69 < run_options(a, "smoke", "cpu", []).deadline_at - time.monotonic() <= 70
+    monkeypatch.setattr(cli, "_started", None)  # run_options called outside main: from now
+    assert 99 < run_options(a, "smoke", "cpu", []).deadline_at - time.monotonic() <= 100
+
+
+def test_a_named_cuda_device_is_made_current(monkeypatch):
+    """Triton launches on the current device: --device cuda:1 with device 0 current would
+    run the first gate's kernels against another GPU's pointers."""
+    import torch
+
+    from microbench.cli import UsageError, resolve_device
+
+    current: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    assert resolve_device("cuda:1") == "cuda:1" and current == [1]
+    assert resolve_device("cuda") == "cuda" and current == [1]  # the current one stays
+    with pytest.raises(UsageError, match="only 2 CUDA device"):
+        resolve_device("cuda:2")
+    assert resolve_device("cuda:3", present=False) == "cuda:3" and current == [1]  # named only (--plan)

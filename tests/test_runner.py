@@ -189,7 +189,7 @@ class _FakeWorld:
 
 
 def test_a_communication_error_stops_every_rank_but_only_fails_a_world_of_one():
-    from microbench.runner import _agreed_outcome
+    from microbench.outcome import agreed_outcome as _agreed_outcome
 
     outcome = {"error": "NCCL watchdog: collective timed out", "dist": True}
     with pytest.raises(SystemExit, match="rank 0: NCCL watchdog"):
@@ -322,3 +322,23 @@ def test_a_deadline_cuts_the_budgets_but_every_point_is_still_gated_and_timed():
         assert DEADLINE_NOTE in t["notes"] and t["budget_s"] < 5.0 and t["summary"]["count"] >= 3
     recs, _ = _run(Scaled(), timing=TimingOptions(budget_s=0.05, max_noise=1e-9), deadline_at=_time.monotonic() + 60)
     assert all(DEADLINE_NOTE not in r["timing"]["notes"] and "budget_s" not in r["timing"] for r in recs)
+
+
+def test_a_variant_whose_timed_copies_cannot_be_made_is_failed_and_the_run_goes_on(monkeypatch):
+    """After the gate, the graph mode's input copies (up to 4x L2 of them) can run out of
+    memory: that variant is FAILED with the error, the others are timed."""
+    from microbench.case import Workload
+
+    real = Workload.timed_calls
+
+    def copies(self, fn, mode, cache_bytes):
+        if getattr(fn, "__name__", "") == "boom":  # helpers.Scaled's third variant
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+        return real(self, fn, mode, cache_bytes)
+
+    monkeypatch.setattr(Workload, "timed_calls", copies)
+    recs, _ = _run(Scaled())
+    assert {r["status"] for r in _by(recs, "boom")} == {"FAILED"}
+    assert all(r["reason"] == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" and r["correctness"]
+               for r in _by(recs, "boom"))
+    assert all(r["status"] == "OK" and r["timing"] for v in ("base", "other") for r in _by(recs, v))

@@ -1,0 +1,85 @@
+"""What became of one variant's step (its set-up and gate, its timing): an error is
+recorded, not raised, so a failing variant does not stop the run; with several ranks, the
+one outcome every rank agrees on (an error on any rank fails the variant everywhere, an
+error of the communication layer itself stops every rank)."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Callable
+
+from microbench.samplers import free_cached_memory
+
+__all__ = ["agreed_outcome", "agreed_reason", "attempt", "error_text", "failure", "is_dist"]
+
+
+def error_text(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+
+
+def failure(e: BaseException) -> dict[str, Any]:  # a variant's error, as the ranks agree on it
+    return {"error": error_text(e), "traceback": traceback.format_exc(limit=6), "dist": is_dist(e)}
+
+
+def is_dist(e: BaseException) -> bool:
+    """An error of the communication layer itself (timeout, lost peer): the ranks may be out
+    of step after it, so the run cannot go on."""
+    try:
+        import torch.distributed as dist
+
+        if isinstance(e, getattr(dist, "DistError", ())):
+            return True
+    except Exception:  # noqa: BLE001
+        pass
+    text = str(e).lower()
+    return any(k in text for k in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe"))
+
+
+def attempt(world: Any, tag: str, dev: str, fn: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+    """``(fn(), outcome)``, the outcome every rank agrees on; an error is the outcome's (its
+    text and traceback, the device's cached memory freed), not raised: a failing variant
+    must not stop the run."""
+    try:
+        value, outcome = fn(), {"error": None}
+    except Exception as e:  # noqa: BLE001
+        value, outcome = None, failure(e)
+        free_cached_memory(dev)
+    return value, agreed_outcome(world, tag, outcome)
+
+
+def agreed_reason(world: Any, tag: str, why: str | None) -> str | None:
+    """A skip decision every rank shares: skipped when any rank has a reason."""
+    if world is None:
+        return why
+    every = world.agree(tag, why)
+    hits = [(r, w) for r, w in enumerate(every) if w]
+    if not hits:
+        return None
+    if all(w == hits[0][1] for _, w in hits) and len(hits) == len(every):
+        return hits[0][1]
+    return "; ".join(f"rank {r}: {w}" for r, w in hits)
+
+
+def agreed_outcome(world: Any, tag: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    """One outcome for every rank: an error on any rank fails the variant everywhere; an
+    error of the communication layer stops every rank; gate mismatches are summed."""
+    if world is None:
+        return outcome
+    every = world.agree(tag, outcome)
+    errors = [(r, o) for r, o in enumerate(every) if o.get("error")]
+    # a world of one cannot fall out of step: its communication errors fail the variant
+    lost = [(r, o) for r, o in errors if o.get("dist")] if len(every) > 1 else []
+    if lost:
+        r, o = lost[0]
+        world.fatal(f"{tag}: rank {r}: {o['error']}")
+    if errors:
+        r, o = errors[0]
+        where = "every rank" if len(errors) == len(every) else f"rank {r}"
+        return {**o, "error": f"{where}: {o['error']}"}
+    if "passed" not in outcome:
+        return outcome
+    wrong = sum(int(o.get("wrong") or 0) for o in every)
+    failing = [(r, o) for r, o in enumerate(every) if not o["passed"]]
+    summary = outcome["summary"] if not failing else "; ".join(f"rank {r}: {o['summary']}" for r, o in failing)
+    return {"error": None, "passed": not failing, "wrong": wrong, "summary": summary}
