@@ -76,6 +76,28 @@ def parse_bytes(text: str, element_size: int = 2) -> int:
     return n
 
 
+_symm_setup: dict[tuple, str | None] = {}
+
+
+def _symm_setup_error(group: Any, device: str) -> str | None:
+    """Why symmetric memory cannot be set up here for ``group`` of one rank, or None; tried
+    once per group and device (``allreduce.symm_try``). A host that cannot map the memory is
+    a reason to skip, not a kernel failing. Only a world of one is tried, where nobody waits
+    on the rendezvous; in a larger one it is collective, so a failure there stays the
+    variant's (FAILED, with its error, agreed by every rank)."""
+    from microbench.kernels import allreduce
+    from microbench.outcome import error_text
+
+    key = (id(group), str(device))
+    if key not in _symm_setup:
+        try:
+            allreduce.symm_try(group, device)
+            _symm_setup[key] = None
+        except Exception as e:  # noqa: BLE001 - any failure is this host's reason
+            _symm_setup[key] = f"symmetric memory could not be set up here ({error_text(e)})"
+    return _symm_setup[key]
+
+
 class _AllReduce(Case):
     distributed = True
     launches_triton = False  # NCCL, CuPy and symmetric-memory collectives
@@ -143,7 +165,7 @@ class _AllReduce(Case):
             count, dtype = self._count(point)
             reason = (allreduce.symm_unavailable(kind, path)
                       or allreduce.symm_unsupported(path, count * dtype.itemsize, dtype, world)
-                      or (allreduce.symm_setup_error(dist.group.WORLD, device) if world == 1 else None))
+                      or (_symm_setup_error(dist.group.WORLD, device) if world == 1 else None))
         if reason is None and path in NCCL_PATHS and placement == "ip" and world == 1 and point["capture"] == "graph":
             # NCCL's one-rank path: out of place a copy, in place nothing at all
             reason = ("world size 1: NCCL's in-place sum over one rank launches no work, so its graph "

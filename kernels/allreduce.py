@@ -233,28 +233,15 @@ def _symm(path: str, x: torch.Tensor, group: Any, out: torch.Tensor) -> torch.Te
     return out
 
 
-_setup_errors: dict[tuple, str | None] = {}
-
-
-def symm_setup_error(group: Any, device: str) -> str | None:
-    """Why a symmetric buffer cannot be set up and reduced into on ``device`` for ``group``
-    of one rank, or None; tried once per group and device (an allocation, its rendezvous and
-    one one-shot sum). Torch having the ops does not mean this host can map the memory (a
-    VM without the driver's fabric or IPC handles, a sandbox refusing the handle exchange's
-    socket): that is a reason to skip, not a kernel failing. Only a world of one is tried
-    here, where nobody waits on the rendezvous; in a larger one it is collective, so a
-    failure there stays the variant's (FAILED, with its error, agreed by every rank)."""
-    key = (id(group), str(device))
-    if key not in _setup_errors:
-        try:
-            x = torch.ones(64, dtype=torch.float32, device=device)
-            _symm("oneshot", x, group, torch.empty_like(x))
-            torch.cuda.synchronize(x.device)
-            _setup_errors[key] = None
-        except Exception as e:  # noqa: BLE001 - any failure is this host's reason
-            first = (str(e).strip().splitlines() or [""])[0]
-            _setup_errors[key] = f"symmetric memory could not be set up here ({type(e).__name__}: {first})"
-    return _setup_errors[key]
+def symm_try(group: Any, device: str) -> None:
+    """One one-shot sum through a symmetric buffer on ``device`` for ``group`` (an
+    allocation, its rendezvous, the kernel); raises what this host refuses. Torch having the
+    ops does not mean the host can map the memory (a VM without the driver's fabric or IPC
+    handles, a sandbox refusing the handle exchange's socket). The rendezvous is collective:
+    every rank of ``group`` must call this together."""
+    x = torch.ones(64, dtype=torch.float32, device=device)
+    _symm("oneshot", x, group, torch.empty_like(x))
+    torch.cuda.synchronize(x.device)
 
 
 def oneshot_inplace(x: torch.Tensor, group: Any) -> torch.Tensor:

@@ -177,13 +177,15 @@ def free_cached_memory(device: str, sync: bool = False) -> None:
             pass
 
 
-def _end_routing_to_pool(torch, device: int, pool) -> None:
+def _end_routing_to_pool(device: int, pool: tuple[int, int]) -> None:
     """Stop the caching allocator routing allocations to a failed capture's pool. Before
     torch 2.12, ``capture_end`` raises on an invalidated capture (a sync or ``.item()``
     among the calls) before it ends the routing, and the allocator then believes a
     capture is under way for the rest of the process: every later ``empty_cache`` (which
     each capture begins with) fails an internal assert. Later torch ends it itself, and
     ending it twice raises, which is what the ``except`` is for."""
+    import torch
+
     try:
         torch._C._cuda_endAllocateToPool(device, pool)
     except Exception:  # noqa: BLE001 - already ended (torch 2.12 and later)
@@ -216,7 +218,7 @@ def _capture(calls: Sequence[Callable[[], Any]], n: int):
                 for j in range(n):
                     calls[j % k]()
     except Exception as e:  # capture errors are the case's, report them plainly
-        _end_routing_to_pool(torch, dev, pool)
+        _end_routing_to_pool(dev, pool)
         del graph
         free_cached_memory("cuda", sync=True)
         raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {e}") from e

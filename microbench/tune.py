@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from microbench.case import Case, Point, Workload, point_label, point_seed
 from microbench.gate import check_variant
+from microbench.outcome import error_text
 from microbench.report import fmt_time
 from microbench.timing import TimingOptions, measure
 
@@ -53,7 +54,7 @@ class Trial:
                         cache_bytes=self.cache_bytes)
         except Exception as e:  # noqa: BLE001 - a config that cannot compile, launch or be timed is not a winner
             self.rejected += 1
-            self.log(f"    {label}: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            self.log(f"    {label}: failed: {error_text(e)}")
             return None
         self.log(f"    {label}: {fmt_time(m.median_s)} ±{100 * m.summary.rel_noise:.2f}% n={m.summary.count}")
         return m.median_s

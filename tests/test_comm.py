@@ -232,6 +232,7 @@ def test_symmetric_memory_paths_are_skipped_where_torch_kernels_refuse_the_messa
 def test_symmetric_memory_a_world_of_one_cannot_set_up_is_skipped_with_its_error(solo, monkeypatch):
     """torch having the ops does not mean the host can map the memory: at world size 1 the
     set-up is tried once (nobody waits on its rendezvous) and its error is the skip reason."""
+    from microbench.cases import comm
     from microbench.kernels import allreduce
 
     tries = []
@@ -242,13 +243,13 @@ def test_symmetric_memory_a_world_of_one_cannot_set_up_is_skipped_with_its_error
 
     monkeypatch.setattr(allreduce, "symm_unavailable", lambda kind, path: None)
     monkeypatch.setattr(allreduce, "_symm", refused)
-    monkeypatch.setattr(allreduce, "_setup_errors", {})
+    monkeypatch.setattr(comm, "_symm_setup", {})
     case, point = AllReduceSweepCase(), {"bytes": 8, "dtype": "bf16", "capture": "eager"}
     for variant in ("oneshot-ip", "oneshot-oop"):
         assert case.skip_variant(variant, point, solo.device) == (
             "symmetric memory could not be set up here (RuntimeError: CUDA driver error: operation not supported)")
     assert tries == ["oneshot"]  # once per group and device
-    monkeypatch.setattr(allreduce, "_setup_errors", {})
+    monkeypatch.setattr(comm, "_symm_setup", {})
     monkeypatch.setattr(allreduce, "_symm", lambda path, x, group, out: tries.append(path))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     assert case.skip_variant("oneshot-oop", point, solo.device) is None and len(tries) == 2
