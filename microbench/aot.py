@@ -194,6 +194,23 @@ class Session:
         finally:
             self._use = None
 
+    def absorb(self, builds: Sequence[Build], failures: Sequence[Failure]) -> None:
+        """Take in another session's builds and failures (one of the processes that built a
+        share of the points): a build both made counts the uses of each, and keeps ptxas'
+        report where only one of them has it (the other found the build in a shared cache)."""
+        self.failures.extend(failures)
+        for b in builds:
+            mine = self.builds.get(b.hash)
+            if mine is None:
+                self.builds[b.hash] = b
+                continue
+            for use, n in b.uses.items():
+                mine.uses[use] = mine.uses.get(use, 0) + n
+            mine.max_grid = max(mine.max_grid, b.max_grid)
+            if mine.spill_stores is None and b.spill_stores is not None:
+                mine.registers, mine.stack = b.registers, b.stack
+                mine.spill_stores, mine.spill_loads = b.spill_stores, b.spill_loads
+
     def fail(self, error: BaseException, kernel: str | None = None) -> None:
         from .usercode import error_summary
 
@@ -358,12 +375,17 @@ def case_points(case: Any, suite: str, picks: dict[str, list[str]]) -> list[dict
 
 
 def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]], session: Session, seed: int = 0,
-                  variants: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> int:
+                  variants: Sequence[str] = (), progress: Callable[[str], None] | None = None,
+                  take: Callable[[int], bool] | None = None) -> int:
     """Call every variant of ``cases`` at each point of ``suite``'s GPU axes (narrowed by
     ``picks``, as ``--axis`` does) on CPU inputs, inside a :func:`compile_only` session, so
     each launch builds for the target.  Cases that launch no Triton kernel, and multi-rank
     cases, are left out; so are variants that run only on CUDA (they are not Triton).
-    Returns the number of (point, variant) calls made.
+    ``take``: called with each point's index among all the cases' points, in order, once
+    each; only the points it returns True for are built (one process's share of the work
+    when several build, each taking the next point not yet taken; their sessions together
+    hold every build, see :meth:`Session.absorb`).  Returns the number of (point, variant)
+    calls made.
 
     Raises:
         ValueError: an axis or value ``picks`` names that a case does not have.
@@ -372,16 +394,21 @@ def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]],
 
     from .case import point_label, point_seed
 
-    calls = 0
+    calls, seen = 0, 0
     for case in cases:
         if case.distributed or not case.launches_triton:
             continue
         points = case_points(case, suite, picks)
         chosen = [v for v in case.variants() if v.runs_on("cpu") and (not variants or v.name in variants)]
-        if progress:
+        if progress and take is None:
             progress(f"{case.id}: {len(points)} points x {len(chosen)} variants")
-        for point in points:
+        for n, point in enumerate(points):
+            seen += 1
+            if take is not None and not take(seen - 1):
+                continue
             label = point_label(point)
+            if progress and take is not None:
+                progress(f"{case.id}: point {n + 1} of {len(points)} x {len(chosen)} variants ({label})")
             with session.using(f"{case.id} (setup)", label):
                 try:
                     workload = case.setup(point, "cpu", point_seed(seed, case.id, point))

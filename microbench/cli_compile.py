@@ -7,10 +7,11 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
-from microbench.cli import UsageError, _axis_picks, _split
+from microbench.cli import EXIT_INTERRUPTED, UsageError, _axis_picks, _split
 from microbench.report import render_table
 
 EXIT_PROBLEMS = 1
@@ -117,20 +118,16 @@ class _Shim:
         self.kernel, self.config, self.hash = b["kernel"], b["config"], id(b)
 
 
-def cmd_compile(a: argparse.Namespace) -> int:
-    # Triton decides interpreter or compiler when a kernel module is imported: this command
-    # needs the compiler, whatever the shell says
-    os.environ.pop("TRITON_INTERPRET", None)
-    from microbench import case as case_mod
-    from microbench import hardware
-    from microbench.aot import (AotError, case_points, check_not_interpreted, compile_cases, compile_only, problems,
-                                toolchain)
+def _selection(a: argparse.Namespace) -> tuple[list[Any], dict[str, list[str]], list[str], Any]:
+    """The cases, axis picks, variants and target profile the arguments name (UsageError
+    for anything they name that does not exist); the same in every worker process."""
+    from microbench.aot import case_points
     from microbench.cases import SUITES
     from microbench.cli import _select_cases
 
     if a.suite not in SUITES:
         raise UsageError(f"unknown suite {a.suite!r} (suites: {', '.join(SUITES)})")
-    profile = hardware.load_profile(a.target)
+    profile = _target(a.target)
     if profile.sm is None:
         raise UsageError(f"--target {a.target}: profile {profile.name} has no 'sm' block (one SM's limits), "
                          "so a build cannot be checked against it")
@@ -159,27 +156,200 @@ def cmd_compile(a: argparse.Namespace) -> int:
         unknown = [v for v in variants if v not in known]
         if unknown:
             raise UsageError(f"unknown variant {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
-    sm = profile.sm
-    baseline = _load_baseline(a.baseline, sm.arch) if a.baseline else None
-    t0 = time.perf_counter()
+    return cases, picks, variants, profile
+
+
+def _target(name: str) -> Any:
+    """``--target``: a profile by name or path; ``auto``, the shipped profile of the GPU
+    torch sees (a GPU host warming its own cache)."""
+    from microbench import hardware
+
+    if name != "auto":
+        return hardware.load_profile(name)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("--target auto: no CUDA device is visible here; name a profile (e.g. h200)")
+    gpu = torch.cuda.get_device_name()
+    profile = hardware.profile_for_device_name(gpu)
+    if profile is None:
+        raise UsageError(f"--target auto: no shipped profile matches {gpu}; name one, or a profile JSON")
+    return profile
+
+
+def _cache_dir() -> str:
+    """Triton's own cache directory (TRITON_CACHE_DIR, else ~/.triton/cache)."""
+    from triton import knobs
+
+    return knobs.cache.dir
+
+
+def build_share(a: argparse.Namespace, started: float, tag: str = "") -> tuple[list[Any], list[Any], int]:
+    """Build the selection's points: the builds, the failures and the number of calls. In
+    the command's own process, every point; in one of ``--jobs`` worker processes (spawned:
+    the parent's Triton state stays its own), each next point no worker has taken yet."""
+    from microbench import case as case_mod
+    from microbench.aot import AotError, check_not_interpreted, compile_cases, compile_only
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    cases, picks, variants, profile = _selection(a)
 
     def progress(text: str) -> None:
-        print(f"[{time.perf_counter() - t0:6.1f}s] {text}", file=sys.stderr, flush=True)
+        print(f"[{time.time() - started:6.1f}s{tag}] {text}", file=sys.stderr, flush=True)
 
     case_mod.COMPILE_TARGET = profile
     try:
         from microbench.kernels import launch
 
         check_not_interpreted(launch._empty_kernel)
-        tools = toolchain(sm.arch)
-        print(f"microbench compile: suite {a.suite} for {profile.name} (sm_{sm.arch}) with Triton {tools['triton']}, "
-              f"ptxas {tools['ptxas']}: launches compile and run nothing", file=sys.stderr)
-        with compile_only(sm) as session:
-            calls = compile_cases(cases, a.suite, picks, session, seed=a.seed, variants=variants, progress=progress)
+        with compile_only(profile.sm, cache_dir=_cache_dir() if a.into_cache else _SHARED_DIR) as session:
+            calls = compile_cases(cases, a.suite, picks, session, seed=a.seed, variants=variants,
+                                  progress=progress, take=_Claims() if _NEXT is not None else None)
     except AotError as e:
         raise UsageError(str(e)) from None
     finally:
         case_mod.COMPILE_TARGET = None
+    return list(session.builds.values()), session.failures, calls
+
+
+#: In a ``--jobs`` worker: the index of the next point no worker has taken, and the cache
+#: directory the workers share (a build one made is not made again by another; without
+#: --into-cache, a private one), both shared by all of them.
+_NEXT: Any = None
+_SHARED_DIR: str | None = None
+
+
+def _init_worker(counter: Any, cache_dir: str, threads: int, parent: int) -> None:
+    global _NEXT, _SHARED_DIR
+    _NEXT, _SHARED_DIR = counter, cache_dir
+    _end_with_parent(parent)
+    import torch
+
+    torch.set_num_threads(threads)  # the workers share the cores
+
+
+def _end_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGTERM when ``parent``, which started it, ends, however it
+    ends (a SIGKILL included), so no worker outlives the command."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: Ctrl-C reaches the whole process group anyway
+        return
+    if os.getppid() != parent:  # it ended before the request was made
+        os._exit(1)
+
+
+def _stop_workers(pool: Any) -> None:
+    """End ``pool``'s worker processes now (shutdown alone waits for their running tasks)."""
+    stop = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if stop is not None:
+        stop()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Claims:
+    """``compile_cases``' ``take`` in a worker: it claims the next untaken point's index,
+    builds that point when the walk over all points reaches it, then claims again."""
+
+    def __init__(self) -> None:
+        self.mine = self._claim()
+
+    @staticmethod
+    def _claim() -> int:
+        with _NEXT.get_lock():
+            n = _NEXT.value
+            _NEXT.value += 1
+        return n
+
+    def __call__(self, index: int) -> bool:
+        if index != self.mine:
+            return False
+        self.mine = self._claim()
+        return True
+
+
+def _jobs(a: argparse.Namespace, points: int) -> int:
+    n = a.jobs if a.jobs > 0 else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return max(1, min(n, points))
+
+
+def _build_all(a: argparse.Namespace, jobs: int, session: Any, started: float) -> int:
+    """Every point's builds into ``session``, over ``jobs`` processes; the number of calls.
+    A worker that dies (killed, out of memory) leaves a failure naming it."""
+    if jobs == 1:
+        builds, failures, calls = build_share(a, started)
+        session.absorb(builds, failures)
+        return calls
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from microbench.aot import Failure
+
+    ctx = multiprocessing.get_context("spawn")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    shared = tempfile.TemporaryDirectory(prefix="microbench-aot-")
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
+                               initargs=(ctx.Value("i", 0), shared.name, threads, os.getpid()))
+    calls = 0
+    try:
+        futures = [pool.submit(build_share, a, started, f" {i + 1}/{jobs}") for i in range(jobs)]
+        for i, f in enumerate(futures):
+            try:
+                builds, failures, n = f.result()
+            except BrokenProcessPool as e:
+                session.failures.append(Failure(f"worker {i + 1}/{jobs}", f"a worker process died ({e})"))
+                continue
+            session.absorb(builds, failures)
+            calls += n
+    except BaseException:  # Ctrl-C, SIGTERM: the workers stop too, not after their share
+        _stop_workers(pool)
+        raise
+    else:
+        pool.shutdown()
+    finally:
+        shared.cleanup()
+    return calls
+
+
+def cmd_compile(a: argparse.Namespace) -> int:
+    # Triton decides interpreter or compiler when a kernel module is imported: this command
+    # needs the compiler, whatever the shell says
+    os.environ.pop("TRITON_INTERPRET", None)
+    from microbench.aot import AotError, Session, case_points, problems, toolchain
+
+    if a.jobs < 0:
+        raise UsageError(f"--jobs {a.jobs}: give a number of processes, or 0 for one per core")
+    cases, picks, _, profile = _selection(a)
+    a.target = profile.name if a.target == "auto" else a.target  # the workers touch no GPU to find it again
+    sm = profile.sm
+    baseline = _load_baseline(a.baseline, sm.arch) if a.baseline else None
+    jobs = _jobs(a, sum(len(case_points(c, a.suite, picks)) for c in cases))
+    t0, started = time.perf_counter(), time.time()
+    try:
+        tools = toolchain(sm.arch)
+    except ImportError as e:
+        raise UsageError(f"Triton is not importable here ({e}); microbench compile needs it") from None
+    where = f" into Triton's cache ({_cache_dir()})" if a.into_cache else ""
+    print(f"microbench compile: suite {a.suite} for {profile.name} (sm_{sm.arch}) with Triton {tools['triton']}, "
+          f"ptxas {tools['ptxas']}, {jobs} process{'es' if jobs > 1 else ''}{where}: launches compile and run "
+          "nothing", file=sys.stderr)
+    session = Session(sm)
+    try:
+        calls = _build_all(a, jobs, session, started)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (main turns it into this)
+        kept = "; the builds made so far are in Triton's cache" if a.into_cache else ""
+        print(f"microbench compile: interrupted{f' ({e})' if str(e) else ''} after "
+              f"{time.perf_counter() - t0:.0f} s: no table{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     builds = list(session.builds.values())
     head = (f"Builds for {profile.name} (sm_{sm.arch}), suite {a.suite}, Triton {tools['triton']}, "
             f"ptxas {tools['ptxas']}")
@@ -249,7 +419,8 @@ def add_parser(sub) -> None:
         "Exit 1 when a kernel fails to compile or a build does not fit (or spills, with --fail-on-spill), 2 on bad "
         "input. Nothing is timed or checked for correctness: run the suite on the GPU for that.")
     c.add_argument("--target", default="h200", help="hardware profile to build for (default h200; shipped: "
-                   "h100-sxm, h200-sxm, rtx-pro-6000-blackwell; or a profile JSON with an 'sm' block)")
+                   "h100-sxm, h200-sxm, rtx-pro-6000-blackwell; or a profile JSON with an 'sm' block; auto: the "
+                   "profile of the GPU torch sees)")
     c.add_argument("--suite", default="verify", help="whose shapes (default verify: the model's)")
     c.add_argument("--case", action="append", help="case id(s), comma-separated or repeated (default: the suite's)")
     c.add_argument("--variant", action="append", help="only these variants")
@@ -260,6 +431,14 @@ def add_parser(sub) -> None:
     c.add_argument("--format", choices=["text", "markdown", "csv"], default="text", help="table format")
     c.add_argument("--json", metavar="PATH", help="also write every build's details (full config, uses) as JSON")
     c.add_argument("--fail-on-spill", action="store_true", help="exit 1 when any build spills registers")
+    c.add_argument("--jobs", type=int, default=1, metavar="N", help="build in N processes, each a share of the "
+                   "points (0: one per core; default 1). Each process imports torch and Triton and draws its own "
+                   "inputs: the verify suite takes about 5 GB of host memory in one process")
+    c.add_argument("--into-cache", action="store_true", help="put the builds in Triton's own cache "
+                   "(TRITON_CACHE_DIR, else ~/.triton/cache) instead of a private one, so that a run on this host's "
+                   "GPU of the target's architecture loads them instead of compiling each at its first launch "
+                   "(scripts/gpu-check builds the verify suite so while it tunes). A build already there is not "
+                   "built again, so ptxas does not report its spills ('?')")
     c.add_argument("--baseline", metavar="JSON", help="a previous --json report for the same target: also print "
                    "what changed (registers, spills, shared memory, blocks/SM; builds added and removed)")
     c.set_defaults(func=cmd_compile)

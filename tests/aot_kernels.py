@@ -1,6 +1,7 @@
 """User-style kernels for the ``microbench compile`` tests, with norm.rmsnorm's variant
 signature: one that the compiler rejects although the interpreter runs it (a tl.dot with
-K = 4), one whose tiles cannot fit an H200 block's shared memory, and one that fits."""
+K = 4), one whose tiles cannot fit an H200 block's shared memory, one that fits, and one
+whose process dies."""
 
 import triton
 import triton.language as tl
@@ -42,3 +43,10 @@ def _fits(x_ptr, o_ptr, H, BLOCK: tl.constexpr):
 
 def fits(x, weight, eps, out, residual=None):
     _fits[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4)
+
+
+def dies(x, weight, eps, out, residual=None):
+    """A variant whose process ends mid-call (as one killed for memory would)."""
+    import os
+
+    os._exit(3)

@@ -147,6 +147,9 @@ def test_cli_reports_a_build_that_cannot_fit_and_one_that_does_not_compile(tmp_p
     (["--suite", "selftest"], "no selected case launches Triton kernels"),
     (["--case", "norm.rmsnorm", "--variant", "nope"], "unknown variant nope"),
     (["--case", "norm.rmsnorm", "--file", "missing.py::f"], "missing.py: no such file"),
+    (["--case", "norm.rmsnorm", "--jobs", "-1"], "--jobs -1: give a number of processes, or 0 for one per core"),
+    pytest.param(["--case", "norm.rmsnorm", "--target", "auto"], "--target auto: no CUDA device is visible here",
+                 marks=pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="a GPU is visible")),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, message, monkeypatch, capsys):
     # refused before anything is built, so in this process (whose kernels are interpreted)
@@ -296,3 +299,144 @@ def test_baseline_shows_what_a_change_did_to_each_build(tmp_path, monkeypatch, c
     (tmp_path / "other.json").write_text(json.dumps({"schema": "microbench.result"}))
     assert main(["compile", *ONE_NORM, "--baseline", str(tmp_path / "other.json")]) == 2
     assert "not a microbench compile report" in capsys.readouterr().err
+
+
+def test_sessions_of_several_processes_add_up():
+    from microbench.aot import Failure, Session
+
+    mine = Session(H200)
+    a = _build(hash="x", uses={"c/v": 2}, max_grid=4, spill_stores=None, spill_loads=None, registers=30, stack=0)
+    mine.absorb([a], [])
+    # the same build from a process that compiled it (ptxas' report) and one only the other made
+    b = _build(hash="x", uses={"c/v": 1, "d/v": 1}, max_grid=9, spill_stores=8, spill_loads=4, registers=40, stack=16)
+    other = _build(hash="y", uses={"d/v": 3})
+    mine.absorb([b, other], [Failure("c/v p", "boom")])
+    x = mine.builds["x"]
+    assert x.uses == {"c/v": 3, "d/v": 1} and x.max_grid == 9
+    assert (x.registers, x.stack, x.spill_stores, x.spill_loads) == (40, 16, 8, 4)
+    assert mine.builds["y"] is other and [f.error for f in mine.failures] == ["boom"]
+
+
+NORM_ROUTER = ["--case", "norm.rmsnorm,moe.router", "--axis", "layout=kimi-tp8"]
+
+
+def test_worker_processes_build_what_one_process_builds(tmp_path):
+    (rc1, out1, err1, serial), (rc2, out2, err2, parallel) = _compile_pair(
+        NORM_ROUTER, [*NORM_ROUTER, "--jobs", "2"], tmp_path)
+    assert rc1 == 0 and rc2 == 0, (err1, err2)
+    assert "2 processes" in err2 and " 1 process:" not in err2
+    assert "] norm.rmsnorm: point " in err2  # each worker names each point it takes
+
+    def by_hash(doc):
+        return {b["hash"]: {k: b[k] for k in ("kernel", "uses", "registers", "spill_stores", "max_grid")}
+                for b in doc["builds"]}
+
+    # every point built once, by one worker or the other: the same builds, uses and ptxas reports
+    assert by_hash(parallel) == by_hash(serial) and len(serial["builds"]) >= 4
+    summary = [ln for ln in out1.splitlines() if " calls: " in ln]
+    assert summary == [ln for ln in out2.splitlines() if " calls: " in ln] and "from 30 calls" in summary[0]
+
+
+def test_a_dead_worker_is_a_failure_not_a_hang(tmp_path):
+    p, doc = _compile(["--case", "norm.rmsnorm", "--axis", "norm=input", "--file", f"{KERNELS}::dies",
+                       "--variant", "dies", "--jobs", "2"], tmp_path, timeout=300)
+    assert p.returncode == 1, p.stderr
+    assert doc["failures"] and all("a worker process died" in f["error"] for f in doc["failures"])
+    assert "FAILED worker 1/2: a worker process died" in p.stdout
+
+
+def test_into_cache_leaves_the_builds_where_a_run_looks(tmp_path):
+    """--into-cache builds into Triton's own cache directory: a later launch of the same
+    kernels for the same architecture (here a second build, through the same launch path a
+    GPU run takes) finds each there instead of compiling it, so ptxas reports nothing."""
+    cache = tmp_path / "triton-cache"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    args = [*ONE_NORM, "--axis", "tokens=1,4", "--into-cache"]
+    first = _run_compile(args, tmp_path / "first.json", env)
+    assert first.returncode == 0, first.stderr
+    assert f"into Triton's cache ({cache})" in first.stderr
+    built = json.loads((tmp_path / "first.json").read_text())["builds"]
+    cubins = [f for _, _, files in os.walk(cache) for f in files if f.endswith(".cubin")]
+    assert built and len(cubins) == len(built)
+    again = _run_compile(args, tmp_path / "again.json", env)
+    assert again.returncode == 0, again.stderr
+    found = json.loads((tmp_path / "again.json").read_text())["builds"]
+    assert [b["hash"] for b in found] == [b["hash"] for b in built]
+    assert all(b["spill_stores"] is None and b["registers"] for b in found)  # read from the cubins
+    # without --into-cache the command keeps to a private cache: Triton's own is left alone
+    private = _run_compile(ONE_NORM, tmp_path / "private.json", {**env, "TRITON_CACHE_DIR": str(tmp_path / "no")})
+    assert private.returncode == 0 and not (tmp_path / "no").exists()
+
+
+def _run_compile(args, out, env):
+    env = {k: v for k, v in env.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "microbench", "compile", *args, "--json", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_stopping_the_command_stops_its_workers(tmp_path, sig):
+    """SIGTERM (as Ctrl-C) ends the command at once with one line, its workers with it, not
+    after their share; a SIGKILL, which the command cannot see, ends them too (each asks the
+    kernel for a SIGTERM when its parent goes)."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.Popen([sys.executable, "-m", "microbench", "compile", "--suite", "verify", "--jobs", "2"], cwd=ROOT,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children = []
+    try:
+        for line in p.stderr:  # a worker has taken a point
+            if "] " in line and ": point " in line:
+                break
+        children = _children(p.pid)
+        assert len(children) >= 2, children
+        p.send_signal(getattr(signal, sig))
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(c) for c in children):
+            time.sleep(0.2)
+        assert not [c for c in children if _alive(c)]
+    finally:
+        for c in [p.pid, *children]:
+            if _alive(c):
+                os.kill(c, signal.SIGKILL)
+    err = p.stderr.read()  # every writer has gone
+    if sig == "SIGTERM":
+        assert p.returncode == 130 and "microbench compile: interrupted (signal 15) after" in err, err[-2000:]
+        assert "Traceback" not in err
+
+
+def _children(pid):
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+def test_target_auto_is_the_profile_of_the_gpu_present(monkeypatch):
+    import torch
+
+    from microbench.cli import UsageError
+    from microbench.cli_compile import _target
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert _target("auto").name == "h100-sxm"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert _target("auto").name == "h200-sxm" and _target("rtx-pro-6000").sm.arch == 120
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    with pytest.raises(UsageError, match="no shipped profile matches Tesla T4"):
+        _target("auto")
