@@ -249,8 +249,11 @@ def _stop_workers(pool: Any) -> None:
     if stop is not None:
         stop()
         return
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
         proc.terminate()
+    for proc in procs:  # gone before their cache directory is
+        proc.join(timeout=5)
     pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -275,10 +278,13 @@ class _Claims:
         return True
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _jobs(a: argparse.Namespace, points: int) -> int:
-    n = a.jobs if a.jobs > 0 else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
-    return max(1, min(n, points))
+    return max(1, min(a.jobs if a.jobs > 0 else _cores(), points))
 
 
 def _build_all(a: argparse.Namespace, jobs: int, session: Any, started: float) -> int:
@@ -295,8 +301,9 @@ def _build_all(a: argparse.Namespace, jobs: int, session: Any, started: float) -
     from microbench.aot import Failure
 
     ctx = multiprocessing.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    shared = tempfile.TemporaryDirectory(prefix="microbench-aot-")
+    threads = max(1, _cores() // jobs)
+    # --into-cache: Triton's own, which every worker reads through its knobs
+    shared = tempfile.TemporaryDirectory(prefix="microbench-aot-", ignore_cleanup_errors=True)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
                                initargs=(ctx.Value("i", 0), shared.name, threads, os.getpid()))
     calls = 0
@@ -305,7 +312,7 @@ def _build_all(a: argparse.Namespace, jobs: int, session: Any, started: float) -
         for i, f in enumerate(futures):
             try:
                 builds, failures, n = f.result()
-            except BrokenProcessPool as e:
+            except BrokenProcessPool as e:  # one died: the pool has ended the others too
                 session.failures.append(Failure(f"worker {i + 1}/{jobs}", f"a worker process died ({e})"))
                 continue
             session.absorb(builds, failures)

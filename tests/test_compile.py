@@ -317,12 +317,12 @@ def test_sessions_of_several_processes_add_up():
     assert mine.builds["y"] is other and [f.error for f in mine.failures] == ["boom"]
 
 
-NORM_ROUTER = ["--case", "norm.rmsnorm,moe.router", "--axis", "layout=kimi-tp8"]
+NORMS = ["--case", "norm.rmsnorm", "--axis", "norm=input,q_a"]
 
 
 def test_worker_processes_build_what_one_process_builds(tmp_path):
     (rc1, out1, err1, serial), (rc2, out2, err2, parallel) = _compile_pair(
-        NORM_ROUTER, [*NORM_ROUTER, "--jobs", "2"], tmp_path)
+        NORMS, [*NORMS, "--jobs", "2"], tmp_path)
     assert rc1 == 0 and rc2 == 0, (err1, err2)
     assert "2 processes" in err2 and " 1 process:" not in err2
     assert "] norm.rmsnorm: point " in err2  # each worker names each point it takes
@@ -332,9 +332,9 @@ def test_worker_processes_build_what_one_process_builds(tmp_path):
                 for b in doc["builds"]}
 
     # every point built once, by one worker or the other: the same builds, uses and ptxas reports
-    assert by_hash(parallel) == by_hash(serial) and len(serial["builds"]) >= 4
+    assert by_hash(parallel) == by_hash(serial) and len(serial["builds"]) >= 2
     summary = [ln for ln in out1.splitlines() if " calls: " in ln]
-    assert summary == [ln for ln in out2.splitlines() if " calls: " in ln] and "from 30 calls" in summary[0]
+    assert summary == [ln for ln in out2.splitlines() if " calls: " in ln] and "from 16 calls" in summary[0]
 
 
 def test_a_dead_worker_is_a_failure_not_a_hang(tmp_path):
