@@ -438,9 +438,10 @@ def add_parser(sub) -> None:
     c.add_argument("--format", choices=["text", "markdown", "csv"], default="text", help="table format")
     c.add_argument("--json", metavar="PATH", help="also write every build's details (full config, uses) as JSON")
     c.add_argument("--fail-on-spill", action="store_true", help="exit 1 when any build spills registers")
-    c.add_argument("--jobs", type=int, default=1, metavar="N", help="build in N processes, each a share of the "
-                   "points (0: one per core; default 1). Each process imports torch and Triton and draws its own "
-                   "inputs: the verify suite takes about 5 GB of host memory in one process")
+    c.add_argument("--jobs", type=int, default=1, metavar="N", help="build in N processes, each taking the next "
+                   "point none has taken (0: one per core; default 1); the table is the one a single process prints. "
+                   "Each process imports torch and Triton and makes its own inputs: the verify suite takes about "
+                   "5 GB of host memory in one process")
     c.add_argument("--into-cache", action="store_true", help="put the builds in Triton's own cache "
                    "(TRITON_CACHE_DIR, else ~/.triton/cache) instead of a private one, so that a run on this host's "
                    "GPU of the target's architecture loads them instead of compiling each at its first launch "
