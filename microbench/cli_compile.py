@@ -279,8 +279,9 @@ class _Claims:
 
 
 def _cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from microbench.env import usable_cpus
+
+    return usable_cpus() or 1
 
 
 def _jobs(a: argparse.Namespace, points: int) -> int:
@@ -302,7 +303,7 @@ def _build_all(a: argparse.Namespace, jobs: int, session: Any, started: float) -
 
     ctx = multiprocessing.get_context("spawn")
     threads = max(1, _cores() // jobs)
-    # --into-cache: Triton's own, which every worker reads through its knobs
+    # the workers' common cache (unused with --into-cache, where Triton's own is)
     shared = tempfile.TemporaryDirectory(prefix="microbench-aot-", ignore_cleanup_errors=True)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
                                initargs=(ctx.Value("i", 0), shared.name, threads, os.getpid()))

@@ -193,12 +193,17 @@ def _read_first(path: str, key: str | None = None) -> str | None:
     return None
 
 
+def usable_cpus() -> int | None:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
 def _host_section() -> dict[str, Any]:
     mem = _read_first("/proc/meminfo", "MemTotal")
-    try:
-        usable: Any = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
+    usable = usable_cpus()
     return {"hostname": socket.gethostname(),
             "cpu_model": _read_first("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
             "logical_cpus": os.cpu_count(), "usable_cpus": usable,

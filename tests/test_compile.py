@@ -20,12 +20,13 @@ H200 = load_profile("h200").sm
 ONE_NORM = ["--case", "norm.rmsnorm", "--axis", "tokens=4", "--axis", "norm=input"]
 
 
-def _compile(args, tmp_path, timeout=600):
-    """The command in a fresh process (the test process built its kernels with the interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def _compile(args, tmp_path, timeout=600, out=None, env=None):
+    """The command in a fresh process (the test process built its kernels with the interpreter),
+    its --json report in ``out`` (default tmp_path/compile.json), ``env`` added to the environment."""
+    env = {**os.environ, **(env or {})}
     env["TRITON_INTERPRET"] = "1"  # what a CPU shell often has: the command must not care
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    out = tmp_path / "compile.json"
+    out = out or tmp_path / "compile.json"
     p = subprocess.run([sys.executable, "-m", "microbench", "compile", *args, "--json", str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=timeout)
     doc = json.loads(out.read_text()) if out.exists() else None
@@ -350,29 +351,23 @@ def test_into_cache_leaves_the_builds_where_a_run_looks(tmp_path):
     kernels for the same architecture (here a second build, through the same launch path a
     GPU run takes) finds each there instead of compiling it, so ptxas reports nothing."""
     cache = tmp_path / "triton-cache"
-    env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    env = {"TRITON_CACHE_DIR": str(cache)}
     args = [*ONE_NORM, "--axis", "tokens=1,4", "--into-cache"]
-    first = _run_compile(args, tmp_path / "first.json", env)
+    first, doc = _compile(args, tmp_path, out=tmp_path / "first.json", env=env)
     assert first.returncode == 0, first.stderr
     assert f"into Triton's cache ({cache})" in first.stderr
-    built = json.loads((tmp_path / "first.json").read_text())["builds"]
+    built = doc["builds"]
     cubins = [f for _, _, files in os.walk(cache) for f in files if f.endswith(".cubin")]
     assert built and len(cubins) == len(built)
-    again = _run_compile(args, tmp_path / "again.json", env)
+    again, doc = _compile(args, tmp_path, out=tmp_path / "again.json", env=env)
     assert again.returncode == 0, again.stderr
-    found = json.loads((tmp_path / "again.json").read_text())["builds"]
+    found = doc["builds"]
     assert [b["hash"] for b in found] == [b["hash"] for b in built]
     assert all(b["spill_stores"] is None and b["registers"] for b in found)  # read from the cubins
     # without --into-cache the command keeps to a private cache: Triton's own is left alone
-    private = _run_compile(ONE_NORM, tmp_path / "private.json", {**env, "TRITON_CACHE_DIR": str(tmp_path / "no")})
+    private, _ = _compile(ONE_NORM, tmp_path, out=tmp_path / "private.json",
+                          env={"TRITON_CACHE_DIR": str(tmp_path / "no")})
     assert private.returncode == 0 and not (tmp_path / "no").exists()
-
-
-def _run_compile(args, out, env):
-    env = {k: v for k, v in env.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "microbench", "compile", *args, "--json", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
