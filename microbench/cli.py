@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "to 3 samples) rather than the last ones lost to a time limit; a cut record says so")
     r.add_argument("--max-noise", type=float, default=0.005, help="stop when the median's relative noise is under this")
     r.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change a verdict calls real")
-    r.add_argument("--interleave", action="store_true", help="time variants alternately (A B A B) for in-run A/B")
+    r.add_argument("--interleave", action="store_true", help="time variants alternately, in rounds whose order rotates (A B, B A, ...), for in-run A/B")
     r.add_argument("--repeat", type=int, help="passes over the whole plan, samples pooled per point, so each "
                    "spans the run and its wander is measured (default: 3 on CPU, 1 on CUDA)")
     r.add_argument("--seed", type=int, default=0, help="input seed (recorded)")

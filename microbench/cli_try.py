@@ -68,7 +68,7 @@ def _vs_best(case: Any, name: str, records: list[dict[str, Any]], min_effect: fl
         if mine is None or not own:
             continue
         best = min(own, key=lambda r: r["timing"]["summary"]["median"])
-        v = verdicts.compare_paired(best["timing"]["samples_s"], mine["timing"]["samples_s"], min_effect=min_effect)
+        v = verdicts.within_run(best["timing"], mine["timing"], interleaved=True, min_effect=min_effect)
         mine.setdefault("derived", {})["vs best"] = f"×{v.ratio:.3f} {v.label} vs {best['variant']}"
 
 

@@ -86,8 +86,11 @@ def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, An
     if (not base["timing"].get("interleaved", False)
             or len(base["timing"]["samples_s"]) != len(r["timing"]["samples_s"])):
         return "not an interleaved run (run with --interleave for paired ratios)"
-    ratios = np.asarray(r["timing"]["samples_s"]) / np.asarray(base["timing"]["samples_s"])
-    return list(ratios), r["timing"].get("passes")
+    ratios, passes = verdicts.paired_ratios(base["timing"]["samples_s"], r["timing"]["samples_s"],
+                                            int(r["timing"].get("rotation") or 1), r["timing"].get("passes"))
+    if not ratios.size:
+        return "not one whole rotation of the interleaved order (a run cut short)"
+    return list(ratios), passes
 
 
 def _per_floor(b: Mapping[str, Any], n: Mapping[str, Any]) -> tuple[float, float] | str:

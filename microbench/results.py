@@ -19,7 +19,8 @@ Schema (``schema = "microbench.result"``, ``schema_version = 1``)::
           "clocks": ClockSampler.result() | null,   # NVML during the point
           "probe": {"median_s", "samples_s"} | null, # the environment probe beside the point
           "vs_baseline": Verdict.to_dict() | null,
-          "prep_s": float                  # set-up, reference, gate, capture: before timing (not SKIPPED)
+          "prep_s": float                  # set-up, reference, gate: before timing (not SKIPPED);
+                                           # warm-up and capture: timing.warmup_s
       } ]
     }
 

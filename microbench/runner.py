@@ -378,6 +378,7 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
         t["samples_s"] = t["samples_s"] + nt["samples_s"]
         t["summary"] = stats.summarize(t["samples_s"]).to_dict()
         t["elapsed_s"] += nt["elapsed_s"]
+        t["warmup_s"] = t.get("warmup_s", 0.0) + nt.get("warmup_s", 0.0)
         o["prep_s"] = (o.get("prep_s") or 0.0) + (n.get("prep_s") or 0.0)
         t.setdefault("stop_reasons", [t["stop_reason"]]).append(nt["stop_reason"])
         t["stop_reason"] = nt["stop_reason"] if nt["stop_reason"] != "noise" else t["stop_reason"]
@@ -391,8 +392,10 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
 
 def time_split_text(recs: Sequence[dict[str, Any]], wall_s: float) -> str:
     """Where a run's wall time went: preparing variants (set-up, references, correctness
-    gates with their first-call compiles, graph capture) against timing them."""
+    gates with their first-call compiles), warming them up (warm-up calls, batch sizing,
+    graph capture), timing them, and the rest."""
     prep = sum(r.get("prep_s") or 0.0 for r in recs)
+    warm = sum((r.get("timing") or {}).get("warmup_s", 0.0) for r in recs)  # each variant warms on its own
     timed, shared = 0.0, {}  # variants timed interleaved share one loop: count it once per point
     for r in recs:
         t = r.get("timing")
@@ -406,7 +409,8 @@ def time_split_text(recs: Sequence[dict[str, Any]], wall_s: float) -> str:
     tail = (f"; slowest to prepare: {slowest['case']} {point_label(slowest['axes'])} {slowest['variant']} "
             f"{slowest['prep_s']:.1f} s" if slowest else "")
     return (f"run: {wall_s:.1f} s wall, {prep:.1f} s preparing variants (set-up, references, gates with "
-            f"first-call compiles, capture), {timed:.1f} s timing them, {max(0.0, wall_s - prep - timed):.1f} s "
+            f"first-call compiles), {warm:.1f} s warming them up (warm-up calls, batch sizing, graph capture), "
+            f"{timed:.1f} s timing them, {max(0.0, wall_s - prep - warm - timed):.1f} s "
             f"the rest (environment probes, clock sampling, result writes){tail}")
 
 
@@ -421,8 +425,8 @@ def progress_text(r: dict[str, Any]) -> str:
     vb = r.get("vs_baseline")
     if vb:
         extra += f"  ×{vb['ratio']:.3f} vs baseline {vb['label']}"
-    if r.get("prep_s") is not None:  # set-up, reference, gate (first-call compiles), capture
-        extra += f"  [prep {r['prep_s']:.1f} s, timing {t['elapsed_s']:.1f} s]"
+    if r.get("prep_s") is not None:  # set-up, reference, gate (first-call compiles); warm-up, capture
+        extra += f"  [prep {r['prep_s']:.1f} s, warm-up {t.get('warmup_s', 0.0):.1f} s, timing {t['elapsed_s']:.1f} s]"
     return (f"{r['variant']:<14} {fmt_time(s['median'])} ±{100 * s['rel_noise']:.2f}% "
             f"n={s['count']} ({t['stop_reason']}){extra}")
 

@@ -33,6 +33,7 @@ class _Sampler:
     warmup_calls: int
     flush_bytes: int
     notes: list[str]
+    warmup_s: float = 0.0  # set by timing._prepare: the wall time until the first sample
 
 
 def _is_cuda(device: str) -> bool:
@@ -117,7 +118,9 @@ def _host_s(calls: Sequence[Callable[[], Any]], sync: Callable[[], None],
 
 
 def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s: float,
-          agreed: Callable[[float], float] = _same) -> int:
+          agreed: Callable[[float], float] = _same, steady: list[float] | None = None) -> int:
+    """Warm-up calls made; ``steady``, when given, receives each warm-by-time call's host
+    seconds (its launch to its ``sync``)."""
     # The first call of each copy compiles / autotunes / allocates; then warm by time so
     # clocks ramp up and caches of the allocator settle. With several ranks the elapsed
     # time is agreed (the slowest rank's), so every rank makes the same number of calls.
@@ -125,11 +128,15 @@ def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s
         fn()
     sync()
     n = len(calls)
-    t0 = time.perf_counter()
-    while agreed(time.perf_counter() - t0) < warmup_s:
+    t0 = t = time.perf_counter()
+    while agreed(t - t0) < warmup_s:
         calls[n % len(calls)]()
         n += 1
         sync()
+        now = time.perf_counter()
+        if steady is not None:
+            steady.append(now - t)
+        t = now
     return n
 
 
@@ -137,7 +144,7 @@ _MAX_BATCH = 1000
 
 
 def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
-                agreed: Callable[[float], float] = _same) -> tuple[int, int]:
+                agreed: Callable[[float], float] = _same, known_s: float | None = None) -> tuple[int, int]:
     """(calls per hot sample, so that a sample lasts at least ``min_sample_s``; the calls
     made to find it out, which count as warm-up).
 
@@ -145,8 +152,14 @@ def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
     ``min_sample_s`` (timeit's autorange), and unless a single call already lasts twice
     that, the batch is sized from the best of three runs of that length. One call's time
     alone is a poor estimate: one preempted call made a batch 10x too small. With several
-    ranks each run's time is agreed, so every rank makes the same calls.
+    ranks each run's time is agreed, so every rank makes the same calls. ``known_s``: the
+    fastest of some warm calls, timed on the same clock (already agreed); when that lasts
+    twice ``min_sample_s`` the batch is one call with no run made (a preempted call only
+    lasts longer, so the fastest cannot overstate a call by much; on the interpreter a
+    call lasts seconds, and a sizing run would be one more of them).
     """
+    if known_s is not None and known_s >= 2 * min_sample_s:
+        return 1, 0
     n = 1
     t = agreed(time_n(n))
     made = n
@@ -330,7 +343,8 @@ def _cpu_sampler(calls, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
     k = len(calls)
     state = {"i": 0}
     notes: list[str] = []
-    warm = _warm(calls, lambda: None, opts.warmup_s, agreed)
+    steady: list[float] = []
+    warm = _warm(calls, lambda: None, opts.warmup_s, agreed, steady)
     flush = None
     nbytes = 0
     if mode == "cold":
@@ -344,7 +358,8 @@ def _cpu_sampler(calls, mode, opts, cache_bytes, agreed=_same) -> _Sampler:
                 calls[j % k]()
             return (time.perf_counter_ns() - t0) * 1e-9
 
-        batch, sizing = _batch_size(time_n, opts.resolved_min_sample_s("cpu"), agreed)
+        known = agreed(min(steady)) if steady else None  # every rank warms alike: all or none agree here
+        batch, sizing = _batch_size(time_n, opts.resolved_min_sample_s("cpu"), agreed, known)
         warm += sizing
 
     def take() -> float:

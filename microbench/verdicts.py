@@ -1,7 +1,7 @@
 """A/B verdicts from raw timing samples (numpy only).
 
 :func:`compare_samples` (two separate runs) and :func:`compare_paired` (one run with the
-variants interleaved A B A B) turn two sample sets into a :class:`Verdict`: the time
+variants interleaved A B, B A, ...) turn two sample sets into a :class:`Verdict`: the time
 ratio new / base (> 1 means new is slower), its bootstrap confidence interval and a label.
 
 The verdict rule (:func:`classify`), the same for both comparisons, with ``e`` the
@@ -103,6 +103,8 @@ class Verdict:
             why = "the same samples on both sides"
         elif min(self.n_base, self.n_new) < MIN_SAMPLES:
             why = f"too few samples for an interval (n={self.n_base}/{self.n_new}, need {MIN_SAMPLES})"
+        elif self.method == "paired-median" and math.isinf(self.hi):
+            why = f"too few whole rotations of the interleaved order for an interval (need {MIN_SAMPLES})"
         else:
             why = {
                 "SLOWER": f"whole interval at least {e:.1%} slower",
@@ -336,12 +338,43 @@ def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: 
                min_effect: float = 0.02) -> Verdict:
     """Verdict between two variants of one point of one run, from their records' ``timing``
     (``samples_s``, and ``passes`` where the run made several): paired rounds when the run
-    interleaved them; else each one's wander over time (between passes, or blocks of one
-    pass) widens the interval, since the two were timed at different moments."""
+    interleaved them (balanced over each rotation of their order, where it rotated); else
+    each one's wander over time (between passes, or blocks of one pass) widens the
+    interval, since the two were timed at different moments."""
     if interleaved:
-        return compare_paired(base["samples_s"], new["samples_s"], min_effect=min_effect)
+        return compare_paired(base["samples_s"], new["samples_s"], min_effect=min_effect,
+                              rotation=int(new.get("rotation") or 1), passes=new.get("passes"))
     wander, df = combined_wander(base["samples_s"], base.get("passes"), new["samples_s"], new.get("passes"))
     return compare_samples(base["samples_s"], new["samples_s"], min_effect=min_effect, env_sigma=wander, env_df=df)
+
+
+def paired_ratios(base: Sequence[float], new: Sequence[float], rotation: int = 1,
+                  passes: Sequence[int] | None = None) -> tuple[np.ndarray, list[int] | None]:
+    """The per-round ratios new[i] / base[i] of an interleaved run (both truncated to the
+    common length), and their count per pass (``passes``: the rounds of each pass, None
+    for one pass).
+
+    ``rotation`` k > 1: the order of the k variants rotated round by round
+    (:func:`microbench.timing.run_interleaved`), so each k consecutive rounds of a pass
+    give every variant every place in a round once; their ratios are merged into one, the
+    geometric mean, in which the place's own effect on a call's time cancels. A pass's
+    last rounds that do not fill a rotation are left out; the counts are then per pass of
+    these merged ratios."""
+    b = np.asarray(base, dtype=np.float64)
+    n = np.asarray(new, dtype=np.float64)
+    m = min(b.size, n.size)
+    r = n[:m] / b[:m]
+    if rotation <= 1:
+        return r, (list(passes) if passes is not None else None)
+    sizes = list(passes) if passes is not None and sum(passes) == m else [m]
+    out, counts, start = [], [], 0
+    for size in sizes:
+        whole = size // rotation
+        seg = np.log(r[start:start + whole * rotation]).reshape(whole, rotation)
+        out.append(np.exp(seg.mean(axis=1)))
+        counts.append(whole)
+        start += size
+    return np.concatenate(out), (counts if passes is not None and len(sizes) == len(passes) else None)
 
 
 def compare_paired(
@@ -352,18 +385,24 @@ def compare_paired(
     confidence: float = 0.95,
     n_boot: int = 2000,
     seed: int = 0,
+    rotation: int = 1,
+    passes: Sequence[int] | None = None,
 ) -> Verdict:
     """Verdict for one interleaved run: base[i] and new[i] were taken in the same round.
 
-    Per-round ratios new[i] / base[i] (both truncated to the common length); ratio = their
-    median; interval by bootstrap over rounds. A slow drift (clock, temperature) that hits
-    both variants of a round cancels in its ratio, so the interval is not widened by it.
+    Per-round ratios new[i] / base[i] (both truncated to the common length; with the
+    variants' order rotated round by round, one per whole rotation: :func:`paired_ratios`);
+    ratio = their median; interval by bootstrap over them. A slow drift (clock,
+    temperature) that hits both variants of a round cancels in its ratio, so the interval
+    is not widened by it.
     """
     _check_args(min_effect, confidence, n_boot)
     b = _as_samples(base, "base", positive=True)
     n = _as_samples(new, "new", positive=True)
-    m = min(b.size, n.size)
-    r = n[:m] / b[:m]
+    r, _ = paired_ratios(b, n, rotation, passes)
+    if not r.size:  # not one whole rotation (a run cut short): the rounds' own ratios, judged UNSURE
+        r = paired_ratios(b, n)[0]
+    m = r.size
     ratio = float(np.median(r))
     if m < MIN_SAMPLES:
         lo, hi = 0.0, math.inf

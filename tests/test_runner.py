@@ -74,11 +74,14 @@ def test_records_say_how_long_each_variant_took_to_prepare_and_the_run_splits_it
     lines: list[str] = []
     recs = Runner(opts, None, progress=lines.append).run(plan([case], opts))
     assert recs and all(r["prep_s"] >= 0.05 for r in recs)
-    assert all(f"[prep {r['prep_s']:.1f} s, timing {r['timing']['elapsed_s']:.1f} s]" in "\n".join(lines)
-               for r in recs)
+    assert all(f"[prep {r['prep_s']:.1f} s, warm-up {r['timing']['warmup_s']:.1f} s, "
+               f"timing {r['timing']['elapsed_s']:.1f} s]" in "\n".join(lines) for r in recs)
+    assert all(r["timing"]["warmup_s"] > 0 for r in recs)
     (split,) = [line for line in lines if line.startswith("run: ")]
     prep = sum(r["prep_s"] for r in recs)
+    warm = sum(r["timing"]["warmup_s"] for r in recs)
     assert f"{prep:.1f} s preparing variants" in split and "slowest to prepare: test.scaled" in split
+    assert f"{warm:.1f} s warming them up" in split
     assert " s the rest (environment probes" in split
     iopts = RunOptions(suite="smoke", device="cpu", timing=FAST, axis_picks={"n": ["48"]}, interleave=True)
     inter = Runner(iopts, None, progress=lines.append).run(plan([Scaled()], iopts))
@@ -94,17 +97,32 @@ def test_axis_narrowing_rejects_unknown_values():
         plan([Scaled()], RunOptions(suite="smoke", axis_picks={"n": ["7"]}))
 
 
+def _decided(trial):
+    """``trial()`` -> (verdict row, text), tried again once if its verdict is UNSURE. On a
+    shared machine a disturbed run widens its own interval (its wander over time) and the
+    rule then says UNSURE, as it should, in about one try in 15 here; it must never say a
+    wrong verdict, and two disturbed tries in a row are rare. A rule that is always UNSURE
+    or ever wrong still fails."""
+    row, text = trial()
+    return trial() if row["label"] == "UNSURE" else (row, text)
+
+
 @pytest.mark.serial
 def test_interleaved_ab_within_one_run_sees_ten_percent_and_not_zero():
-    recs, _ = _run(Scaled(reps=30, other_reps=33), variants=["base", "other"], interleave=True,
-                   axis_picks={"n": ["48"]}, timing=TimingOptions(budget_s=0.6))
-    (other,) = _by(recs, "other")
-    assert other["vs_baseline"]["method"] == "paired-median"
-    assert other["vs_baseline"]["label"] == "SLOWER", other["vs_baseline"]
-    assert 1.05 < other["vs_baseline"]["ratio"] < 1.15
-    recs, _ = _run(Scaled(reps=30, other_reps=30), variants=["base", "other"], interleave=True,
-                   axis_picks={"n": ["48"]}, timing=TimingOptions(budget_s=0.6))
-    assert _by(recs, "other")[0]["vs_baseline"]["label"] in ("SAME", "UNSURE")
+    def trial(other_reps):
+        recs, _ = _run(Scaled(reps=30, other_reps=other_reps), variants=["base", "other"], interleave=True,
+                       axis_picks={"n": ["48"]}, timing=TimingOptions(budget_s=0.6))
+        (other,) = _by(recs, "other")
+        assert other["vs_baseline"]["method"] == "paired-median"
+        return other["vs_baseline"], str(other["vs_baseline"])
+
+    slower, text = _decided(lambda: trial(33))
+    assert slower["label"] == "SLOWER" and 1.05 < slower["ratio"] < 1.15, text
+    # the same code on buffers of its own: where they lie can make it a few percent faster
+    # or slower for a whole process (up to 3.7% in 16 runs here, with a tight interval,
+    # in both directions): a verdict then is true of that process, but never a 10% one
+    same, text = trial(30)
+    assert same["label"] in ("SAME", "UNSURE") or abs(same["ratio"] - 1) < 0.05, text
 
 
 @pytest.mark.serial
@@ -113,17 +131,30 @@ def test_across_two_real_runs_relative_to_an_unchanged_baseline(tmp_path):
     unchanged anchor timed alternately with it. Absolute times may wander more than 10%
     between runs on a shared machine; the per-round ratio to the anchor does not."""
     t = TimingOptions(budget_s=0.25)
-    runs = []
-    for name, other in (("a", 30), ("b", 33), ("c", 30)):
-        _, w = _run(Scaled(reps=30, other_reps=other), tmp_path / name, variants=["base", "other"], timing=t,
-                    repeat=3, interleave=True, axis_picks={"n": ["48"]})
-        runs.append(load(w.path))
-    a, b, c = runs
-    slower = {r["variant"]: r for r in compare.compare_runs(a, b, relative=True)["rows"]}
-    assert slower["other"]["label"] == "SLOWER", compare.render(compare.compare_runs(a, b, relative=True))
-    assert 1.05 < slower["other"]["ratio"] < 1.15
-    same = {r["variant"]: r for r in compare.compare_runs(a, c, relative=True)["rows"]}
-    assert same["other"]["label"] in ("SAME", "UNSURE"), compare.render(compare.compare_runs(a, c, relative=True))
+    tries = iter(range(2))
+
+    def runs(*others):
+        k = next(tries)
+        out = []
+        for name, other in zip("abc", others):
+            _, w = _run(Scaled(reps=30, other_reps=other), tmp_path / f"{name}{k}", variants=["base", "other"],
+                        timing=t, repeat=3, interleave=True, axis_picks={"n": ["48"]})
+            out.append(load(w.path))
+        return out
+
+    def verdict(a, b):
+        c = compare.compare_runs(a, b, relative=True)
+        return {r["variant"]: r for r in c["rows"]}["other"], compare.render(c)
+
+    def trial():
+        trial.runs = runs(30, 33, 30)
+        return verdict(*trial.runs[:2])
+
+    slower, text = _decided(trial)
+    assert slower["label"] == "SLOWER" and 1.05 < slower["ratio"] < 1.15, text
+    a, _, c = trial.runs
+    same, text = verdict(a, c)
+    assert same["label"] in ("SAME", "UNSURE"), text
 
 
 def test_passes_pool_samples_and_keep_their_boundaries():

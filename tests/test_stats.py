@@ -268,6 +268,23 @@ def test_paired_truncates_to_common_length() -> None:
     assert v.ratio == pytest.approx(float(np.median(b[:100] / a[:100])))
 
 
+def test_rotated_rounds_merge_per_whole_rotation_within_each_pass() -> None:
+    from microbench.verdicts import paired_ratios
+
+    base = [1.0] * 11
+    new = [2.0, 0.5, 4.0, 1.0, 9.0, 3.0, 1.0, 8.0, 2.0, 2.0, 7.0]
+    r, passes = paired_ratios(base, new, rotation=2, passes=[5, 6])
+    # pass 1: rounds (2, 0.5), (4, 1), its fifth left out; pass 2: (3, 1), (8, 2), (2, 7)
+    assert list(r) == pytest.approx([1.0, 2.0, 3 ** 0.5, 4.0, 14 ** 0.5]) and passes == [2, 3]
+    r, passes = paired_ratios(base, new)
+    assert list(r) == new and passes is None
+    # not one whole rotation: the rounds' own ratios, and no interval
+    v = compare_paired([1.0] * 3, [1.5] * 3, rotation=4)
+    assert v.ratio == 1.5 and v.label == "UNSURE" and math.isinf(v.hi)
+    v = compare_paired([1.0] * 12, [1.5] * 12, rotation=4)  # 12 rounds: 3 whole rotations
+    assert v.label == "UNSURE" and "too few whole rotations" in v.explain()
+
+
 def test_too_few_samples_is_unsure() -> None:
     for v in (compare_samples([1.0, 1.1, 1.2], [2.0, 2.1, 2.2]), compare_paired([1.0] * 4, [2.0] * 4)):
         assert v.label == "UNSURE" and (v.lo, v.hi) == (0.0, math.inf)

@@ -86,6 +86,50 @@ def test_interleaved_pairs_rounds_and_waits_for_every_variant():
     assert reason == "noise" and len(a) == len(b) > 10  # the quiet one waited for the noisy one
 
 
+def _placed_takes(clock, k, times, place_factor, rng, sigma=0.005):
+    """k takes whose call lasts times[i] x place_factor[p], p its place in the round
+    (calls are counted across takes: the p-th call of a round), x lognormal noise."""
+    made = {"calls": 0}
+    order: list[int] = []
+
+    def make(i):
+        def take():
+            p = made["calls"] % k
+            made["calls"] += 1
+            order.append(i)
+            s = times[i] * place_factor[p] * float(rng.lognormal(0.0, sigma))
+            clock.t += s
+            return s
+        return take
+    return [make(i) for i in range(k)], order
+
+
+def test_interleaved_rounds_rotate_the_order_and_end_on_whole_rotations():
+    clock = FakeClock()
+    takes, order = _placed_takes(clock, 3, [1e-3] * 3, [1.0] * 3, np.random.default_rng(5), sigma=0.0)
+    opts = TimingOptions(min_samples=3, min_time_s=0.0, max_noise=0.5, budget_s=100)
+    samples, reason, _ = run_interleaved(takes, opts, clock)
+    rounds = [order[i:i + 3] for i in range(0, len(order), 3)]
+    assert rounds[:4] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    # noise was met at once: the loop still waits for 6 whole rotations (the verdict's least)
+    assert reason == "noise" and len(samples[0]) == len(rounds) == 18
+
+
+def test_a_place_in_the_round_that_runs_faster_does_not_make_a_verdict():
+    """The second call of a round 3% faster (a 2-core CPU showed 1.4%): identical
+    variants interleaved A B A B would read FASTER; rotated, each pair of rounds gives
+    both places to both, and the verdict is SAME; 10% more work is still SLOWER."""
+    from microbench.verdicts import compare_paired
+
+    for slower, want in ((1.0, "SAME"), (1.10, "SLOWER")):
+        clock = FakeClock()
+        takes, _ = _placed_takes(clock, 2, [1e-3, 1e-3 * slower], [1.0, 0.97], np.random.default_rng(6))
+        (a, b), _, _ = run_interleaved(takes, TimingOptions(min_samples=40, min_time_s=0.0, budget_s=100), clock)
+        v = compare_paired(a, b, rotation=2)
+        assert v.label == want and v.ratio == pytest.approx(slower, rel=0.005), v.explain()
+        assert compare_paired(a[::2], b[::2]).ratio == pytest.approx(0.97 * slower, rel=0.005)  # B second
+
+
 def test_bad_options_are_rejected():
     with pytest.raises(ValueError, match="mode"):
         TimingOptions(mode="warm")
@@ -133,6 +177,29 @@ def test_batch_size_of_a_long_call_is_one_without_extra_runs():
     time_n, runs = _fake_runs(1e-3)
     assert _batch_size(time_n, 20e-6) == (1, 1)
     assert runs == [1]
+
+
+def test_batch_size_of_a_call_a_warm_call_showed_long_makes_no_run():
+    time_n, runs = _fake_runs(1e-3)
+    assert _batch_size(time_n, 20e-6, known_s=40e-6) == (1, 0) and runs == []
+    # a warm call under twice the sample's length proves nothing: the runs decide
+    time_n, runs = _fake_runs(15e-6)
+    assert _batch_size(time_n, 20e-6, known_s=39e-6) == (2, 7) and runs == [1, 2, 2, 2]
+
+
+def test_a_call_lasting_longer_than_the_warm_up_is_warmed_and_sized_in_two_calls():
+    """Under the interpreter one call lasts seconds: the first call and one warm call are
+    all the warm-up, and that warm call's time sizes the batch at one call (no sizing
+    run, which would be a third call). The seconds before the first sample are kept."""
+    made = []
+
+    def call():
+        made.append(1)
+        time.sleep(0.01)
+    m = measure(call, device="cpu", options=TimingOptions(budget_s=0.02, warmup_s=0.005))
+    assert m.batch == 1 and m.warmup_calls == 2
+    assert len(made) == 2 + m.summary.count
+    assert 0.02 <= m.warmup_s < 0.5 and m.to_dict()["warmup_s"] == m.warmup_s
 
 
 def test_batch_size_near_the_threshold_is_confirmed_and_capped():
@@ -221,6 +288,7 @@ def test_interleaved_cpu_measurements_have_equal_counts():
                              options=TimingOptions(budget_s=0.2))
     assert len(ms[0].samples_s) == len(ms[1].samples_s)
     assert ms[1].summary.median > ms[0].summary.median
+    assert [m.rotation for m in ms] == [2, 2] and measure(lambda: x @ x, device="cpu").rotation == 1
 
 
 def test_exceptions_from_the_call_propagate():
