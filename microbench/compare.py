@@ -76,8 +76,9 @@ def _reasons(r: Mapping[str, Any]) -> set[str]:
 
 
 def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, Any]]) -> tuple[Any, Any] | str:
-    """Per-round ratios of a record to its point's baseline record (an interleaved run),
-    with the pass boundaries; or the reason there are none."""
+    """Per-round ratios of a record to its point's baseline record (an interleaved run;
+    one per whole rotation where its order rotated), with the pass boundaries; or the
+    reason there are none."""
     if r["variant"] == r.get("baseline"):
         return "the baseline itself"
     base = index.get(record_key({**r, "variant": r.get("baseline")}))
@@ -87,7 +88,7 @@ def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, An
             or len(base["timing"]["samples_s"]) != len(r["timing"]["samples_s"])):
         return "not an interleaved run (run with --interleave for paired ratios)"
     ratios, passes = verdicts.paired_ratios(base["timing"]["samples_s"], r["timing"]["samples_s"],
-                                            int(r["timing"].get("rotation") or 1), r["timing"].get("passes"))
+                                            verdicts.rotations(r["timing"]), r["timing"].get("passes"))
     if not ratios.size:
         return "not one whole rotation of the interleaved order (a run cut short)"
     return list(ratios), passes
@@ -136,6 +137,9 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
             return row
         (bs, bpass), (ns, npass) = sb, sn
         probes = False
+        if (verdicts.rotations(b["timing"]) == 1) != (verdicts.rotations(n["timing"]) == 1):
+            row["notes"].append("interleaved order rotated on one side only (a file from before rotation): "
+                                "a call's place in its round may show in the ratio")
     wander, df = verdicts.combined_wander(bs, bpass, ns, npass)
     own_df = df
     if df == 0 and pooled is not None:
@@ -180,7 +184,8 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     case is not corrected by it, but a change no larger than it is not called code).
 
     ``relative``: compare each variant's per-round ratio to its point's baseline variant
-    (runs made with ``--interleave``) instead of its absolute time. Both sides of a round
+    (runs made with ``--interleave``; merged per whole rotation of the order,
+    :func:`microbench.verdicts.paired_ratios`) instead of its absolute time. Both sides of a round
     meet the same machine state, so what moves the machine cancels and what is left is the
     change of this variant relative to an unchanged baseline: on a 2-core machine whose
     absolute times wandered ±15% between runs, the paired ratio held to about ±0.5%.

@@ -14,7 +14,10 @@ Schema (``schema = "microbench.result"``, ``schema_version = 1``)::
           "case", "axes": {...}, "variant", "device", "status": "OK" | "FAILED" | "SKIPPED",
           "reason": str | null,            # why SKIPPED / FAILED
           "correctness": {"passed", "seed", "checked", "reports": [...], "summary"} | null,
-          "timing": Measurement.to_dict() | null,   # raw samples in "samples_s"
+          "timing": Measurement.to_dict() | null,   # raw samples in "samples_s"; with --interleave
+                                           # sample i of each variant is round i's, "rotation" says
+                                           # how their order rotated ("rotations": one per pass),
+                                           # "passes" how many rounds each pass of --repeat made
           "bytes", "flops", "gbps", "tflops", "floor_s", "pct_of_floor", "floor_source",
           "clocks": ClockSampler.result() | null,   # NVML during the point
           "probe": {"median_s", "samples_s"} | null, # the environment probe beside the point

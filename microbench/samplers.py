@@ -120,7 +120,7 @@ def _host_s(calls: Sequence[Callable[[], Any]], sync: Callable[[], None],
 def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s: float,
           agreed: Callable[[float], float] = _same, steady: list[float] | None = None) -> int:
     """Warm-up calls made; ``steady``, when given, receives each warm-by-time call's host
-    seconds (its launch to its ``sync``)."""
+    seconds (its launch to its ``sync``; the ranks' agreement before it is not counted)."""
     # The first call of each copy compiles / autotunes / allocates; then warm by time so
     # clocks ramp up and caches of the allocator settle. With several ranks the elapsed
     # time is agreed (the slowest rank's), so every rank makes the same number of calls.
@@ -128,15 +128,14 @@ def _warm(calls: Sequence[Callable[[], Any]], sync: Callable[[], None], warmup_s
         fn()
     sync()
     n = len(calls)
-    t0 = t = time.perf_counter()
-    while agreed(t - t0) < warmup_s:
+    t0 = time.perf_counter()
+    while agreed(time.perf_counter() - t0) < warmup_s:
+        t = time.perf_counter()
         calls[n % len(calls)]()
         n += 1
         sync()
-        now = time.perf_counter()
         if steady is not None:
-            steady.append(now - t)
-        t = now
+            steady.append(time.perf_counter() - t)
     return n
 
 

@@ -343,12 +343,12 @@ def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: 
     interval, since the two were timed at different moments."""
     if interleaved:
         return compare_paired(base["samples_s"], new["samples_s"], min_effect=min_effect,
-                              rotation=int(new.get("rotation") or 1), passes=new.get("passes"))
+                              rotation=rotations(new), passes=new.get("passes"))
     wander, df = combined_wander(base["samples_s"], base.get("passes"), new["samples_s"], new.get("passes"))
     return compare_samples(base["samples_s"], new["samples_s"], min_effect=min_effect, env_sigma=wander, env_df=df)
 
 
-def paired_ratios(base: Sequence[float], new: Sequence[float], rotation: int = 1,
+def paired_ratios(base: Sequence[float], new: Sequence[float], rotation: int | Sequence[int] = 1,
                   passes: Sequence[int] | None = None) -> tuple[np.ndarray, list[int] | None]:
     """The per-round ratios new[i] / base[i] of an interleaved run (both truncated to the
     common length), and their count per pass (``passes``: the rounds of each pass, None
@@ -359,22 +359,34 @@ def paired_ratios(base: Sequence[float], new: Sequence[float], rotation: int = 1
     give every variant every place in a round once; their ratios are merged into one, the
     geometric mean, in which the place's own effect on a call's time cancels. A pass's
     last rounds that do not fill a rotation are left out; the counts are then per pass of
-    these merged ratios."""
+    these merged ratios. ``rotation`` may also be one k per pass (a pass in which a variant
+    failed rotated over fewer). Each pass starts its rotation afresh, so ``passes`` must
+    add up to the rounds."""
     b = np.asarray(base, dtype=np.float64)
     n = np.asarray(new, dtype=np.float64)
     m = min(b.size, n.size)
     r = n[:m] / b[:m]
-    if rotation <= 1:
+    sizes = list(passes) if passes is not None else [m]
+    ks = [int(rotation)] * len(sizes) if isinstance(rotation, (int, np.integer)) else [int(k) for k in rotation]
+    if all(k <= 1 for k in ks):
         return r, (list(passes) if passes is not None else None)
-    sizes = list(passes) if passes is not None and sum(passes) == m else [m]
+    if sum(sizes) != m or len(ks) != len(sizes):
+        raise ValueError(f"paired ratios: passes {sizes} and rotations {ks} do not describe {m} rounds")
     out, counts, start = [], [], 0
-    for size in sizes:
-        whole = size // rotation
-        seg = np.log(r[start:start + whole * rotation]).reshape(whole, rotation)
+    for size, k in zip(sizes, ks):
+        k = max(1, k)
+        whole = size // k
+        seg = np.log(r[start:start + whole * k]).reshape(whole, k)
         out.append(np.exp(seg.mean(axis=1)))
         counts.append(whole)
         start += size
-    return np.concatenate(out), (counts if passes is not None and len(sizes) == len(passes) else None)
+    return np.concatenate(out), (counts if passes is not None else None)
+
+
+def rotations(timing: Mapping[str, Any]) -> int | list[int]:
+    """A record's rotation of its interleaved order: one per pass where a run of several
+    passes recorded them, else the one it had (1 in files from before rotation)."""
+    return list(timing.get("rotations") or []) or int(timing.get("rotation") or 1)
 
 
 def compare_paired(
@@ -385,7 +397,7 @@ def compare_paired(
     confidence: float = 0.95,
     n_boot: int = 2000,
     seed: int = 0,
-    rotation: int = 1,
+    rotation: int | Sequence[int] = 1,
     passes: Sequence[int] | None = None,
 ) -> Verdict:
     """Verdict for one interleaved run: base[i] and new[i] were taken in the same round.
@@ -400,11 +412,11 @@ def compare_paired(
     b = _as_samples(base, "base", positive=True)
     n = _as_samples(new, "new", positive=True)
     r, _ = paired_ratios(b, n, rotation, passes)
-    if not r.size:  # not one whole rotation (a run cut short): the rounds' own ratios, judged UNSURE
+    whole = r.size
+    if not whole:  # not one whole rotation (a run cut short): the rounds' own ratios, judged UNSURE
         r = paired_ratios(b, n)[0]
-    m = r.size
     ratio = float(np.median(r))
-    if m < MIN_SAMPLES:
+    if whole < MIN_SAMPLES:
         lo, hi = 0.0, math.inf
     else:
         (boot,) = _boot_medians(np.random.default_rng(seed), [r], n_boot)

@@ -173,6 +173,24 @@ def test_relative_compare_sees_ten_percent_through_a_machine_that_moves():
     assert compare.compare_runs(base, same, relative=True)["rows"][1]["label"] == "SAME"
 
 
+def test_relative_compare_merges_rotations_and_says_when_one_side_did_not_rotate():
+    """A rotated run's ratios are merged per rotation (a place in the round cancels);
+    a file from before rotation is compared all the same, with a note, and a run cut
+    before one whole rotation has no relative ratio."""
+    rng = np.random.default_rng(9)
+    old, new = (_interleaved_doc(rng, {"anchor": 1.0, "work": 1.0}) for _ in range(2))
+    for r in new["records"]:
+        r["timing"]["rotation"] = 2
+    row = compare.compare_runs(old, new, relative=True)["rows"][1]
+    assert row["label"] == "SAME" and any("rotated on one side only" in n for n in row["notes"])
+    assert not any("rotated" in n for n in compare.compare_runs(new, new, relative=True)["rows"][1]["notes"])
+    for r in new["records"]:
+        r["timing"]["rotation"] = 4
+        r["timing"]["samples_s"] = r["timing"]["samples_s"][:3]
+    row = compare.compare_runs(new, new, relative=True)["rows"][1]
+    assert row["label"] == "n/a" and "not one whole rotation" in row["notes"][0]
+
+
 def test_relative_compare_needs_interleaved_runs():
     rng = np.random.default_rng(8)
     d = _doc({"anchor": _samples(rng), "work": _samples(rng)})

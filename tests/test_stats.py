@@ -283,6 +283,14 @@ def test_rotated_rounds_merge_per_whole_rotation_within_each_pass() -> None:
     assert v.ratio == 1.5 and v.label == "UNSURE" and math.isinf(v.hi)
     v = compare_paired([1.0] * 12, [1.5] * 12, rotation=4)  # 12 rounds: 3 whole rotations
     assert v.label == "UNSURE" and "too few whole rotations" in v.explain()
+    # three passes cut at 3 rounds each by a deadline, 4 variants: 9 rounds, no rotation
+    v = compare_paired([1.0] * 9, [1.5] * 9, rotation=4, passes=[3, 3, 3])
+    assert v.ratio == 1.5 and v.label == "UNSURE" and math.isinf(v.hi)
+    # one rotation per pass (a variant failed in the second: it rotated over fewer)
+    r, passes = paired_ratios([1.0] * 7, [2.0, 0.5, 4.0, 1.0, 3.0, 3.0, 3.0], rotation=[2, 3], passes=[4, 3])
+    assert list(r) == pytest.approx([1.0, 2.0, 3.0]) and passes == [2, 1]
+    with pytest.raises(ValueError, match="do not describe 7 rounds"):
+        paired_ratios([1.0] * 7, [1.0] * 7, rotation=2, passes=[4, 4])
 
 
 def test_too_few_samples_is_unsure() -> None:

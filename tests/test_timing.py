@@ -202,6 +202,18 @@ def test_a_call_lasting_longer_than_the_warm_up_is_warmed_and_sized_in_two_calls
     assert 0.02 <= m.warmup_s < 0.5 and m.to_dict()["warmup_s"] == m.warmup_s
 
 
+def test_the_ranks_agreement_during_warm_up_does_not_size_a_fast_calls_batch():
+    """With several ranks each warm-up step agrees the elapsed time (a collective, here
+    1 ms): that wait is not the call's, so a fast call is still batched."""
+    from microbench.samplers import _cpu_sampler
+
+    def agreed(x):
+        time.sleep(1e-3)
+        return x
+    s = _cpu_sampler([lambda: None], "hot", TimingOptions(warmup_s=0.005), None, agreed)
+    assert s.batch > 10
+
+
 def test_batch_size_near_the_threshold_is_confirmed_and_capped():
     time_n, runs = _fake_runs(15e-6)  # 1 call: under 20 us; 2 calls: 30 us
     assert _batch_size(time_n, 20e-6) == (2, 7) and runs == [1, 2, 2, 2]
