@@ -137,7 +137,7 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
             return row
         (bs, bpass), (ns, npass) = sb, sn
         probes = False
-        if (verdicts.rotations(b["timing"]) == 1) != (verdicts.rotations(n["timing"]) == 1):
+        if (b["timing"].get("rotation", 1) > 1) != (n["timing"].get("rotation", 1) > 1):
             row["notes"].append("interleaved order rotated on one side only (a file from before rotation): "
                                 "a call's place in its round may show in the ratio")
     wander, df = verdicts.combined_wander(bs, bpass, ns, npass)

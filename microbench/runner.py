@@ -379,7 +379,7 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
         t["summary"] = stats.summarize(t["samples_s"]).to_dict()
         t["elapsed_s"] += nt["elapsed_s"]
         t["warmup_s"] = t.get("warmup_s", 0.0) + nt.get("warmup_s", 0.0)
-        # a pass in which a variant failed rotated its interleaved order over fewer
+        # interleaved, a pass in which a variant failed rotated its order over fewer (1: not interleaved)
         t.setdefault("rotations", [t.get("rotation", 1)]).append(nt.get("rotation", 1))
         o["prep_s"] = (o.get("prep_s") or 0.0) + (n.get("prep_s") or 0.0)
         t.setdefault("stop_reasons", [t["stop_reason"]]).append(nt["stop_reason"])

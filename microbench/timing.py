@@ -247,11 +247,13 @@ def _prepare(calls: Sequence[Callable[[], Any]], device: str, opts: TimingOption
     return s
 
 
-def _measurement(s: _Sampler, device: str, samples: list[float], reason: str, elapsed: float) -> Measurement:
+def _measurement(s: _Sampler, device: str, samples: list[float], reason: str, elapsed: float,
+                 rotation: int = 1) -> Measurement:
     return Measurement(
         mode=s.mode, timer=s.timer, device=device, samples_s=samples, summary=summarize(samples),
         stop_reason=reason, batch=s.batch, copies=s.copies, warmup_calls=s.warmup_calls,
         elapsed_s=elapsed, flush_bytes=s.flush_bytes, notes=list(s.notes), warmup_s=s.warmup_s,
+        rotation=rotation,
     )
 
 
@@ -299,7 +301,5 @@ def measure_interleaved(
     clock = lockstep.clock if lockstep is not None else time.perf_counter
     all_samples, reason, elapsed = run_interleaved([s.take for s in samplers], opts, clock,
                                                    [s.batch for s in samplers])
-    out = [_measurement(s, device, xs, reason, elapsed) for s, xs in zip(samplers, all_samples)]
-    for m in out:
-        m.rotation = len(out)
-    return out
+    return [_measurement(s, device, xs, reason, elapsed, rotation=len(samplers))
+            for s, xs in zip(samplers, all_samples)]

@@ -1,0 +1,95 @@
+"""The samplers' batch sizing and warm-up: how many calls a hot sample holds, and the
+calls and seconds spent before the first sample."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from microbench.samplers import _batch_size
+from microbench.timing import TimingOptions, measure
+
+
+@pytest.mark.serial
+def test_cpu_batches_tiny_calls_so_each_sample_is_long_enough():
+    m = measure(lambda: None, device="cpu", options=TimingOptions(budget_s=0.1, min_sample_s=50e-6))
+    assert m.batch > 10
+    assert m.summary.median < 5e-6  # per call, not per batch
+
+
+def _fake_runs(per_call_s, first_s=None):
+    """A time_n for _batch_size: n calls take n * per_call_s, the first run first_s."""
+    runs = []
+
+    def time_n(n):
+        runs.append(n)
+        return first_s if (first_s is not None and len(runs) == 1) else n * per_call_s
+    return time_n, runs
+
+
+def test_batch_size_is_not_fooled_by_one_slow_call():
+    # One preempted call (5.5 us for a 0.1 us call) sized the batch at 9 when it was read
+    # from a single call; the doubled runs and the best of three size it from 0.1 us.
+    time_n, runs = _fake_runs(1e-7, first_s=5.5e-6)
+    assert _batch_size(time_n, 50e-6) == (500, sum(runs))
+    assert runs[:3] == [1, 2, 4] and runs[-3:] == [512, 512, 512]
+
+
+def test_batch_size_of_a_long_call_is_one_without_extra_runs():
+    time_n, runs = _fake_runs(1e-3)
+    assert _batch_size(time_n, 20e-6) == (1, 1)
+    assert runs == [1]
+
+
+def test_batch_size_of_a_call_a_warm_call_showed_long_makes_no_run():
+    time_n, runs = _fake_runs(1e-3)
+    assert _batch_size(time_n, 20e-6, known_s=40e-6) == (1, 0) and runs == []
+    # a warm call under twice the sample's length proves nothing: the runs decide
+    time_n, runs = _fake_runs(15e-6)
+    assert _batch_size(time_n, 20e-6, known_s=39e-6) == (2, 7) and runs == [1, 2, 2, 2]
+
+
+def test_a_call_lasting_longer_than_the_warm_up_is_warmed_and_sized_in_two_calls():
+    """Under the interpreter one call lasts seconds: the first call and one warm call are
+    all the warm-up, and that warm call's time sizes the batch at one call (no sizing
+    run, which would be a third call). The seconds before the first sample are kept."""
+    made = []
+
+    def call():
+        made.append(1)
+        time.sleep(0.01)
+    m = measure(call, device="cpu", options=TimingOptions(budget_s=0.02, warmup_s=0.005))
+    assert m.batch == 1 and m.warmup_calls == 2
+    assert len(made) == 2 + m.summary.count
+    assert 0.02 <= m.warmup_s < 0.5 and m.to_dict()["warmup_s"] == m.warmup_s
+
+
+def test_the_ranks_agreement_during_warm_up_does_not_size_a_fast_calls_batch():
+    """With several ranks each warm-up step agrees the elapsed time (a collective, here
+    1 ms): that wait is not the call's, so a fast call is still batched."""
+    from microbench.samplers import _cpu_sampler
+
+    def agreed(x):
+        time.sleep(1e-3)
+        return x
+    s = _cpu_sampler([lambda: None], "hot", TimingOptions(warmup_s=0.005), None, agreed)
+    assert s.batch > 10
+
+
+def test_batch_size_near_the_threshold_is_confirmed_and_capped():
+    time_n, runs = _fake_runs(15e-6)  # 1 call: under 20 us; 2 calls: 30 us
+    assert _batch_size(time_n, 20e-6) == (2, 7) and runs == [1, 2, 2, 2]
+    time_n, runs = _fake_runs(1e-12)
+    assert _batch_size(time_n, 20e-6)[0] == 1000 and max(runs) == 1024
+
+
+def test_batch_size_agrees_every_run_so_ranks_make_the_same_calls():
+    seen = []
+
+    def agreed(x):  # the slowest rank's time: here a rank 3x slower than this one
+        seen.append(x)
+        return 3 * x
+    time_n, runs = _fake_runs(1e-6)
+    assert _batch_size(time_n, 20e-6, agreed)[0] == 20 // 3 + 1
+    assert len(seen) == len(runs)
