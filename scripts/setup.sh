@@ -3,7 +3,7 @@
 #    site-packages, so a GPU host's preinstalled CUDA torch / Triton / CuPy are used as they are;
 #  - torch: when none is importable and no GPU is present, the CPU build (torch==2.13.0),
 #    never the multi-GB CUDA build a loose requirement would pull;
-#  - this package with its test extras, editable;
+#  - this package with its test extras, editable (skipped when already installed as it is);
 #  - without a GPU, Triton kernels run under the interpreter (TRITON_INTERPRET=1).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +18,11 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
     . .venv/bin/activate
 fi
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
-if ! python -c "import torch" >/dev/null 2>&1; then
+# one torch import (~2 s) says both whether torch is there and whether it sees a GPU:
+# "cuda", "cpu", or nothing when it cannot be imported
+torch_probe() { python -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')" 2>/dev/null | tail -n 1 || true; }
+torch_on="$(torch_probe)"
+if [ -z "$torch_on" ]; then
     if has_gpu; then
         echo "setup: no torch found on a GPU machine: installing torch (CUDA build)" >&2
         python -m pip install --quiet torch
@@ -26,9 +30,17 @@ if ! python -c "import torch" >/dev/null 2>&1; then
         echo "setup: no GPU: installing the CPU build of torch (torch==2.13.0)" >&2
         python -m pip install --quiet "torch==2.13.0"
     fi
+    torch_on="$(torch_probe)"
 fi
-python -m pip install --quiet -e ".[test]"
-if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+# pip only when something changed: scripts/installed.py says what (a first install, a changed
+# pyproject.toml, a package removed or swapped since); MICROBENCH_REINSTALL=1 forces it
+if [ -n "${MICROBENCH_REINSTALL:-}" ] || ! why="$(python scripts/installed.py 2>&1)"; then
+    [ -n "${MICROBENCH_REINSTALL:-}" ] && why="MICROBENCH_REINSTALL is set"
+    echo "setup: installing microbench with its test extras ($why)" >&2
+    python -m pip install --quiet -e ".[test]"
+    python scripts/installed.py --record
+fi
+if [ "$torch_on" != cuda ]; then
     export TRITON_INTERPRET=1
 fi
 
