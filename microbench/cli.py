@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell tool killed by it returns
 
 #: When this command began (``main``): --deadline-s counts from here, so the imports, the
 #: device and process-group set-up and the fingerprint before the first point count too.
@@ -67,11 +68,18 @@ def resolve_device(spec: str, present: bool = True) -> str:
 # --------------------------------------------------------------------------- list
 
 
-def _select_cases(case_ids: Sequence[str], suite: str | None, device: str):
-    from microbench.cases import SUITES, all_cases, get_case
+def check_suite(suite: str | None) -> None:
+    """A suite name the user gave (None: the command's default) must be one of SUITES."""
+    from microbench.cases import SUITES
 
     if suite is not None and suite not in SUITES:
         raise UsageError(f"unknown suite {suite!r} (suites: {', '.join(SUITES)})")
+
+
+def _select_cases(case_ids: Sequence[str], suite: str | None, device: str):
+    from microbench.cases import all_cases, get_case
+
+    check_suite(suite)
     if case_ids:
         try:
             cases = [get_case(c) for c in case_ids]
@@ -84,7 +92,7 @@ def _select_cases(case_ids: Sequence[str], suite: str | None, device: str):
 def cmd_list(a: argparse.Namespace) -> int:
     from microbench.cases import SUITES
 
-    device = "cuda" if a.device == "auto" else a.device
+    device = "cuda" if a.device == "auto" else resolve_device(a.device, present=False)
     cases = _select_cases(_split(a.case), a.suite, device)
     if not a.case and not a.suite:
         print("suites:")
@@ -166,14 +174,18 @@ def run_selection(a: argparse.Namespace, device: str) -> tuple[str, list, list[s
 
 def run_timing(a: argparse.Namespace, device: str):
     """``run``'s TimingOptions (--mode, --budget-s, --max-noise) and its passes over the plan
-    (--repeat; default 1 on CUDA, 3 on CPU)."""
+    (--repeat; default 1 on CUDA, 3 on CPU), refused in one line where the device cannot
+    take them (graph mode without CUDA)."""
     from microbench.timing import TimingOptions
 
+    if a.repeat is not None and a.repeat < 1:
+        raise UsageError(f"--repeat {a.repeat}: need at least 1 pass")
     try:
         timing = TimingOptions(mode=a.mode, budget_s=a.budget_s, max_noise=a.max_noise)
+        timing.resolved_mode(device)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return timing, a.repeat if a.repeat else (1 if device.startswith("cuda") else 3)
+    return timing, a.repeat if a.repeat is not None else (1 if device.startswith("cuda") else 3)
 
 
 def default_nproc(a: argparse.Namespace, device: str) -> int:
@@ -372,7 +384,7 @@ def cmd_shapes(a: argparse.Namespace) -> int:
 def cmd_env(a: argparse.Namespace) -> int:
     from microbench import env
 
-    device = None if a.device == "auto" else a.device
+    device = None if a.device == "auto" else resolve_device(a.device, present=False)
     fp = env.fingerprint(device)
     print(json.dumps(fp, indent=1) if a.json else env.format_fingerprint(fp))
     return 0
@@ -468,9 +480,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return rc
     except UsageError as e:
         return _err(str(e))
+    except BrokenPipeError:  # the reader left (`| head`): it had what it wanted; no traceback,
+        # and none at exit either, when Python flushes stdout into the closed pipe again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as e:  # config errors from model / hardware files are the user's input too
         from microbench.models import ConfigError
 

@@ -23,10 +23,6 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
     if nproc < 1:
         raise UsageError(f"--nproc {nproc}: need at least 1")
     timing, repeat = run_timing(a, device)
-    try:
-        timing.resolved_mode(device)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
     opts = RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, repeat=repeat)
     p = make_plan(cases, opts, cases)

@@ -75,7 +75,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
         raise UsageError(f"--per-floor and {'--relative' if a.relative else '--probe-correct'} are two different "
                          "normalisations: choose one")
     sources = [src for src, dst in mapping.items() if dst in _split(a.variant)]
-    base, new = _selected(a, [_load(a.base), _load(a.new)], also_base=sources)
+    docs = [_load(a.base), _load(a.new)]
+    for side, (path, doc, names) in enumerate(((a.base, docs[0], mapping), (a.new, docs[1], mapping.values()))):
+        held = {r["variant"] for r in doc["records"]}
+        missing = [v for v in names if v not in held]
+        if missing:
+            raise UsageError(f"--map-variant: {path} ({'base' if side == 0 else 'new'}) holds no variant "
+                             f"{', '.join(missing)} (its variants: {', '.join(sorted(held))})")
+    base, new = _selected(a, docs, also_base=sources)
     result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
                                   probe_correct=a.probe_correct, relative=a.relative, per_floor=a.per_floor)
     print(compare.render(result, a.format), end="")

@@ -80,6 +80,8 @@ def cmd_try(a: argparse.Namespace) -> int:
 
     device = cli.resolve_device(a.device)
     cli._set_threads(device, a.threads)
+    cli.check_suite(a.suite)
+    cli.run_timing(a, device)  # --mode, --budget-s, --repeat refused before anything runs
     try:
         case = get_case(a.case)
     except KeyError as e:

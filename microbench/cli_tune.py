@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from microbench.cli import EXIT_INTERRUPTED, UsageError, _axis_picks, _select_cases, _split, resolve_device
+from microbench.cli import EXIT_INTERRUPTED, UsageError, _axis_picks, _select_cases, _split, make_plan, resolve_device
 
 
 def cmd_tune(a: argparse.Namespace) -> int:
@@ -25,7 +25,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
     from microbench import env
     from microbench.report import fmt_time
-    from microbench.runner import RunOptions, plan
+    from microbench.runner import RunOptions
     from microbench.timing import TimingOptions
     from microbench.tune import tune
 
@@ -33,9 +33,10 @@ def cmd_tune(a: argparse.Namespace) -> int:
         raise UsageError(f"--max-trials {a.max_trials}: must be >= 1")
     try:
         timing = TimingOptions(budget_s=a.budget_s, max_noise=0.01)
-        p = plan(cases, RunOptions(suite=suite, device=device, axis_picks=_axis_picks(a.axis)))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    # an axis no tunable case has is refused, as run refuses it: not a tune of the whole sweep
+    p = make_plan(cases, RunOptions(suite=suite, device=device, axis_picks=_axis_picks(a.axis)), cases)
     if not p.items:
         raise UsageError(f"nothing to tune: every point of suite {suite} was skipped on {device}")
     print(f"microbench tune: suite {suite} on {device}: {len(p.items)} points"

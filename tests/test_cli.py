@@ -48,6 +48,14 @@ def test_list_shows_suites_cases_variants_axes(capsys):
     (["run", "--case", "norm.rmsnorm", "--axis", "heads=8"], "no selected case has axis heads"),
     (["run", "--case", "norm.rmsnorm", "--axis", "tokens"], "expected name=v1,v2"),
     (["run", "--device", "tpu"], "use auto, cpu, cuda"),
+    (["list", "--device", "tpu"], "use auto, cpu, cuda"),
+    (["env", "--device", "tpu"], "use auto, cpu, cuda"),
+    (["run", *QUICK, "--repeat", "0"], "--repeat 0: need at least 1 pass"),
+    (["run", *QUICK, "--repeat", "-1", "--plan"], "--repeat -1: need at least 1 pass"),
+    (["run", *QUICK, "--device", "cpu", "--mode", "graph"], "graph mode needs a CUDA device"),
+    (["try", "x.py::f", "--case", "norm.rmsnorm", "--suite", "nope"], "unknown suite 'nope'"),
+    (["try", "x.py::f", "--case", "norm.rmsnorm", "--device", "cpu", "--mode", "graph"], "graph mode needs a CUDA"),
+    (["tune", "--device", "cpu", "--axis", "token=4"], "no selected case has axis token"),
     (["compare", "/nonexistent/a.json", "/nonexistent/b.json"], "no such file"),
     (["report", __file__], "not a JSON result file"),
 ])
@@ -146,6 +154,24 @@ def test_compare_filters_keep_the_base_side_of_a_mapped_variant(tmp_path, capsys
     out = capsys.readouterr().out
     assert re.search(r"^c\s+n=1\s+old->new\s", out, re.M), out
     assert "only in" not in out and "verdicts: 1 " in out
+    # a name a file does not hold is a typo, not a row quietly gone from the table
+    for mapping, side in (("nope=new", "(base) holds no variant nope"), ("old=nope", "(new) holds no variant nope")):
+        assert main(["compare", *paths, "--map-variant", mapping]) == 2
+        err = capsys.readouterr().err
+        assert side in err and "its variants: new, old" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_reader_that_leaves_early_is_no_error():
+    """`microbench ... | head`: the pipe closes under the command's output; it stops
+    without a traceback (now or at exit), with a shell's status for SIGPIPE."""
+    code = ("import sys\nfrom microbench.cli import main\n"
+            "sys.exit(main(['list', '--device', 'cpu', '--case', 'norm.rmsnorm', '--case', 'moe.experts']))")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    p.stdout.close()  # before the command writes a line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "Broken pipe" not in err, err
 
 
 def test_ctrl_c_keeps_finished_points_in_an_incomplete_file(tmp_path, monkeypatch, capsys):
