@@ -86,6 +86,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
                                   probe_correct=a.probe_correct, relative=a.relative, per_floor=a.per_floor)
     print(compare.render(result, a.format), end="")
+    if not result["rows"]:  # a gate on "no SLOWER" must not pass on files that share nothing
+        raise UsageError(f"no point (case, axes, variant) is in both {a.base} and {a.new}: nothing was compared")
     if a.fail_on == "slower" and any(row["label"] == "SLOWER" for row in result["rows"]):
         return 1
     return 0

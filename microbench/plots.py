@@ -68,7 +68,10 @@ def plot_results(doc: dict[str, Any], out_dir: str) -> list[str]:
     """One PNG per case that has a token axis: median time against it, a line per variant
     and value of the other axes (log-log). Returns the paths written."""
     plt = _pyplot()
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:  # a file of that name, a place that cannot be written
+        raise PlotError(f"--plot {out_dir}: cannot make a directory there ({e.strerror or e})") from None
     by_case: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
     for r in doc["records"]:
         if r.get("status") == "OK" and r.get("timing") and any(a in r["axes"] for a in TOKEN_AXES):

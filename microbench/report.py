@@ -155,6 +155,8 @@ def describe_run(doc: dict[str, Any]) -> str:
         lines.append("% floor against: " + "; ".join(srcs))
     if not run.get("complete", True):
         lines.append("INCOMPLETE run" + (" (interrupted)" if run.get("interrupted") else "") + ": finished cases only.")
+    if not doc["records"]:
+        lines.append("no records: the run finished no point" + ("" if run.get("complete", True) else " before it ended"))
     return "\n".join(lines)
 
 

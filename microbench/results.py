@@ -38,6 +38,7 @@ from __future__ import annotations
 import datetime as _dt
 import gzip
 import json
+import math
 import os
 import re
 import socket
@@ -167,25 +168,104 @@ def load(path: str) -> dict[str, Any]:
         raise ResultError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
         raise ResultError(f"{path}: not a JSON result file ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise ResultError(f"{path}: not a JSON result file (nested too deeply to read)") from None
     validate(doc, path)
     return doc
 
 
+def _number(v: Any, positive: bool = False) -> bool:
+    """A finite JSON number (not a bool), >= 0, or > 0 with ``positive``."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v > 0 if positive else v >= 0))
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+#: a record's measured numbers: absent or null, else a finite number >= 0
+_RECORD_NUMBERS = ("bytes", "flops", "gbps", "tflops", "floor_s", "pct_of_floor", "prep_s")
+#: a record's parts that are absent or null, else a JSON object
+_RECORD_OBJECTS = ("correctness", "clocks", "probe", "facts", "derived")
+
+
+def _record_problem(r: dict[str, Any]) -> str | None:
+    """What is wrong with one record's parts, as the commands read them (None: nothing)."""
+    if not isinstance(r["case"], str) or not isinstance(r["variant"], str):
+        return "case and variant must be strings"
+    if not isinstance(r["axes"], dict) or not all(
+            v is None or isinstance(v, (str, int, float, bool)) for v in r["axes"].values()):
+        return "axes must be an object of names to values"
+    for k in _RECORD_NUMBERS:
+        if r.get(k) is not None and not _number(r[k]):
+            return f"{k} {r[k]!r} is not a finite number >= 0"
+    for k in _RECORD_OBJECTS:
+        if r.get(k) is not None and not isinstance(r[k], dict):
+            return f"{k} must be an object"
+    vb = r.get("vs_baseline")
+    if vb is not None and not (isinstance(vb, dict) and _number(vb.get("ratio"), positive=True)):
+        return "vs_baseline must be an object with a positive ratio"
+    t = r.get("timing")
+    if t is None:
+        return None
+    if not isinstance(t, dict):
+        return "timing must be an object"
+    samples = t.get("samples_s")
+    if not isinstance(samples, list) or not samples:
+        return "timing has no samples (samples_s)"
+    bad = next((i for i, s in enumerate(samples) if not _number(s, positive=True)), None)
+    if bad is not None:
+        return f"timing sample {bad} is {samples[bad]!r}: a time must be a finite number > 0"
+    s = t.get("summary")
+    if not isinstance(s, dict) or not _number(s.get("median"), positive=True):
+        return "timing has no positive median (summary.median)"
+    if not _count(s.get("count")):
+        return f"timing's summary.count {s.get('count')!r} is not a count"
+    noise = s.get("rel_noise")  # +inf where too few samples bound it (JSON's Infinity)
+    if not (isinstance(noise, (int, float)) and not isinstance(noise, bool) and noise >= 0):
+        return f"timing's summary.rel_noise {noise!r} is not a number >= 0"
+    passes, rotations = t.get("passes"), t.get("rotations")
+    if passes is not None and not (isinstance(passes, list) and all(map(_count, passes))
+                                   and sum(passes) == len(samples)):
+        return f"timing passes {passes!r} do not add up to its {len(samples)} samples"
+    if t.get("rotation") is not None and not _count(t["rotation"]):
+        return f"timing rotation {t['rotation']!r} is not a count"
+    if rotations is not None and not (isinstance(rotations, list) and all(map(_count, rotations))
+                                      and len(rotations) == len(passes or [len(samples)])):
+        return f"timing rotations {rotations!r} are not one count per pass"
+    return None
+
+
 def validate(doc: Any, path: str = "result") -> None:
+    """The checks every command's reading relies on: a foreign, other-version or malformed
+    document is a ResultError naming what is wrong, not a crash further on."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ResultError(f"{path}: not a microbench result file (no schema {SCHEMA!r})")
     version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise ResultError(
-            f"{path}: schema version {version} but this microbench reads version {SCHEMA_VERSION}"
+            f"{path}: schema version {version!r} but this microbench reads version {SCHEMA_VERSION}"
         )
     if not isinstance(doc.get("records"), list) or not isinstance(doc.get("run"), dict):
         raise ResultError(f"{path}: malformed result file (missing run or records)")
+    fp = doc.get("fingerprint", {})
+    if not isinstance(fp, dict) or not all(isinstance(fp.get(k), dict) for k in ("device", "software", "git", "host")
+                                           if fp.get(k) is not None):
+        raise ResultError(f"{path}: malformed result file (the fingerprint, and its device, software, git and "
+                          "host parts, must be objects)")
+    for k in ("ceilings", "summaries", "targets", "timing", "world"):
+        if doc["run"].get(k) is not None and not isinstance(doc["run"][k], dict):
+            raise ResultError(f"{path}: malformed result file (run.{k} must be an object)")
     for i, r in enumerate(doc["records"]):
         if not isinstance(r, dict) or not {"case", "axes", "variant", "status"} <= r.keys():
             raise ResultError(f"{path}: record {i} is malformed (needs case, axes, variant, status)")
         if r["status"] not in STATUSES:
             raise ResultError(f"{path}: record {i} has unknown status {r['status']!r}")
+        why = _record_problem(r)
+        if why:
+            where = " ".join(f"{k}={v}" for k, v in r["axes"].items()) if isinstance(r["axes"], dict) else ""
+            raise ResultError(f"{path}: record {i} ({r['case']} {where} {r['variant']}) is malformed: {why}")
 
 
 def select(docs: Sequence[dict[str, Any]], cases: Sequence[str] = (), variants: Sequence[str] = (),

@@ -103,7 +103,7 @@ def _gpu_doc(records, device="cuda"):
 
 def _rec(case, variant, axes, median, facts=None):
     return {"case": case, "variant": variant, "axes": axes, "status": "OK", "facts": facts,
-            "timing": {"summary": {"median": median, "rel_noise": 0.01, "count": 10}, "stop_reason": "noise"}}
+            "timing": {"samples_s": [median], "summary": {"median": median, "rel_noise": 0.01, "count": 10}, "stop_reason": "noise"}}
 
 
 def test_result_records_replace_estimates_and_say_so(round_hw):

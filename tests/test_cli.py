@@ -161,6 +161,28 @@ def test_compare_filters_keep_the_base_side_of_a_mapped_variant(tmp_path, capsys
         assert side in err and "its variants: new, old" in err and len(err.strip().splitlines()) == 1
 
 
+def test_files_with_nothing_to_compare_or_report_say_so(tmp_path, capsys):
+    """Two files with no point in common compare nothing: an error, so that a gate on
+    `--fail-on slower` cannot pass on them; a run that finished no point says so."""
+    from microbench.results import ResultWriter
+
+    paths = []
+    for case in ("a", "b"):
+        w = ResultWriter(str(tmp_path / case), {"device": "cpu"}, {"git": {}, "host": {}})
+        w.add([{"case": case, "axes": {"n": 1}, "variant": "v", "status": "OK",
+                "timing": {"samples_s": [1e-4, 2e-4], "summary": {"median": 1.5e-4, "count": 2, "rel_noise": 0.1},
+                           "mode": "hot"}}])
+        paths.append(w.close(complete=True))
+    assert main(["compare", *paths, "--fail-on", "slower"]) == 2
+    assert "no point (case, axes, variant) is in both" in capsys.readouterr().err
+    empty = ResultWriter(str(tmp_path / "empty"), {"device": "cpu"}, {"git": {}, "host": {}})
+    path = empty.close(complete=False, interrupted=True)
+    assert main(["report", path]) == 0
+    assert "no records: the run finished no point before it ended" in capsys.readouterr().out
+    assert main(["report", paths[0], "--plot", paths[1]]) == 2
+    assert "cannot make a directory there" in capsys.readouterr().err
+
+
 def test_a_reader_that_leaves_early_is_no_error():
     """`microbench ... | head`: the pipe closes under the command's output; it stops
     without a traceback (now or at exit), with a shell's status for SIGPIPE."""

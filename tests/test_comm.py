@@ -201,7 +201,7 @@ def test_collective_table_counts_busbw_over_n_ranks():
                 "tags": {"path": "torch", "placement": placement},
                 "facts": {"collective": "allreduce", "bytes": 1 << 20, "count": 1 << 19, "dtype": "bf16",
                           "redop": "sum", "world_size": 8, "backend": "nccl"},
-                "timing": {"summary": {"median": t, "rel_noise": 0.01}} if status == "OK" else None}
+                "timing": {"samples_s": [t], "summary": {"median": t, "rel_noise": 0.01, "count": 1}} if status == "OK" else None}
 
     text = collective_tables("== comm.x ==", [rec("torch-oop", "out-of-place", 100e-6),
                                              rec("torch-ip", "in-place", 50e-6)], "simple", False)

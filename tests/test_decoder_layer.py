@@ -141,7 +141,7 @@ def test_the_model_sets_a_measured_layer_beside_its_prediction():
         return {"case": "layer.decoder", "variant": "server", "status": "OK", "facts": {"layers": 2},
                 "axes": {"layer": "kimi-tp8", "weights": "int4", "phase": phase, "batch": 1, "draft_tokens": 3,
                          "context": 4096, "capture": capture, "dtype": "bf16"},
-                "timing": {"summary": {"median": median}}}
+                "timing": {"samples_s": [median], "summary": {"median": median, "count": 1, "rel_noise": 0.0}}}
 
     doc = {"schema": "microbench.result", "schema_version": 1, "run": {"id": "g", "device": "cuda"},
            "fingerprint": {"device": {"name": "NVIDIA H200"}},

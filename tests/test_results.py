@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -13,7 +14,8 @@ FP = {"git": {"short": "abc1234"}, "host": {"hostname": "gpu-host"}}
 
 
 def _rec(**kw):
-    r = {"case": "c", "axes": {"tokens": 4}, "variant": "v", "status": "OK", "timing": {"samples_s": [1e-3, 2e-3]}}
+    r = {"case": "c", "axes": {"tokens": 4}, "variant": "v", "status": "OK",
+         "timing": {"samples_s": [1e-3, 2e-3], "summary": {"median": 1.5e-3, "count": 2, "rel_noise": 0.5}}}
     r.update(kw)
     return r
 
@@ -96,6 +98,84 @@ def test_bad_files_give_one_clear_error(tmp_path, content, message):
     p = tmp_path / "bad.json"
     p.write_text(content)
     with pytest.raises(ResultError, match=message):
+        load(str(p))
+
+
+def _set(path, value):
+    """A change to a record: its key path (a.b.c, or a list index) set to value (None: deleted)."""
+    def apply(r):
+        *where, last = path.split(".")
+        for k in where:
+            r = r[int(k)] if isinstance(r, list) else r[k]
+        if value is None and not isinstance(r, list):
+            del r[last]
+        else:
+            r[int(last) if isinstance(r, list) else last] = value
+    return apply
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (_set("timing.samples_s.1", 0.0), "timing sample 1 is 0.0: a time must be a finite number > 0"),
+    (_set("timing.samples_s.0", float("nan")), "timing sample 0 is nan"),
+    (_set("timing.samples_s.0", -1e-3), "timing sample 0 is -0.001"),
+    (_set("timing.samples_s.0", "fast"), "timing sample 0 is 'fast'"),
+    (_set("timing.samples_s", []), "timing has no samples"),
+    (_set("timing.samples_s", None), "timing has no samples"),
+    (_set("timing", {}), "timing has no samples"),
+    (_set("timing", "fast"), "timing must be an object"),
+    (_set("timing.summary", None), "timing has no positive median"),
+    (_set("timing.summary.median", float("inf")), "timing has no positive median"),
+    (_set("timing.summary.count", 0), "summary.count 0 is not a count"),
+    (_set("timing.summary.rel_noise", float("nan")), "summary.rel_noise nan is not a number >= 0"),
+    (_set("timing.passes", [1, 2]), "passes [1, 2] do not add up to its 2 samples"),
+    (_set("timing.rotation", "two"), "rotation 'two' is not a count"),
+    (_set("timing.rotations", [2, 2]), "rotations [2, 2] are not one count per pass"),
+    (_set("axes", [4]), "axes must be an object"),
+    (_set("axes", {"tokens": [4]}), "axes must be an object"),
+    (_set("variant", 3), "case and variant must be strings"),
+    (_set("floor_s", -1.0), "floor_s -1.0 is not a finite number >= 0"),
+    (_set("gbps", "x"), "gbps 'x' is not a finite number >= 0"),
+    (_set("bytes", True), "bytes True is not a finite number >= 0"),
+    (_set("facts", "big"), "facts must be an object"),
+    (_set("vs_baseline", {"label": "SAME"}), "vs_baseline must be an object with a positive ratio"),
+    (_set("vs_baseline", {"ratio": 0}), "vs_baseline must be an object with a positive ratio"),
+])
+def test_a_record_the_commands_cannot_read_is_refused_by_name(tmp_path, change, message):
+    """A record with parts no run writes (a time of 0 or NaN, bookkeeping that does not add
+    up, a string where a number goes) is refused at load, naming the record and the part,
+    rather than crashing whichever command reads that part."""
+    w = ResultWriter(str(tmp_path), {"suite": "smoke"}, FP)
+    w.add([_rec(), _rec(variant="w", timing={**_rec()["timing"], "passes": [2], "rotations": [1]})])
+    path = w.close(complete=True)
+    load(path)  # as written: fine
+    doc = json.load(open(path))
+    change(doc["records"][1])
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(ResultError) as e:
+        load(path)
+    assert "record 1 (c " in str(e.value) and message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"fingerprint": None}, "the fingerprint, and its device"),
+    ({"fingerprint": {"device": "NVIDIA H200"}}, "the fingerprint, and its device"),
+    ({"run": {"ceilings": "fast"}}, "run.ceilings must be an object"),
+    ({"schema_version": "1"}, "schema version '1' but"),
+    ({"schema_version": True}, "schema version True but"),
+])
+def test_a_file_whose_parts_are_of_the_wrong_kind_is_refused(tmp_path, doc, message):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"schema": "microbench.result", "schema_version": SCHEMA_VERSION, "run": {},
+                             "fingerprint": FP, "records": [_rec()], **doc}))
+    with pytest.raises(ResultError, match=re.escape(message)):
+        load(str(p))
+
+
+def test_a_document_nested_too_deeply_to_read_is_refused(tmp_path):
+    p = tmp_path / "deep.json"
+    p.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ResultError, match="nested too deeply"):
         load(str(p))
 
 

@@ -202,7 +202,7 @@ def test_graph_copies_clone_every_tensor_a_variant_is_handed_and_say_when_they_f
     # a few bytes: the most copies, no note (no copies make it cold, nor does it matter)
     assert Workload({"x": torch.zeros(2)}, {}, Cost(0)).timed_calls(lambda **kw: None, "graph", 4 << 20)[1] is None
     rec = {"case": "x.y", "axes": {"n": 1}, "variant": "v", "status": "OK",
-           "timing": {"summary": {"median": 1e-6, "rel_noise": 0.01, "count": 9}, "stop_reason": "noise",
+           "timing": {"samples_s": [1e-6], "summary": {"median": 1e-6, "rel_noise": 0.01, "count": 9}, "stop_reason": "noise",
                       "notes": [note]}}
     text = render({"run": {"device": "cuda", "suite": "smoke"}, "fingerprint": {}, "records": [rec]})
     assert "OK [1]" in text and "[1] graph mode: 4 input copies" in text

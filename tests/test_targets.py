@@ -26,7 +26,8 @@ def _rec(variant, axes, median, n=60, sigma=0.01, seed=0, status="OK", case="c.k
     r = {"case": case, "axes": dict(axes), "variant": variant, "baseline": baseline, "device": "cuda",
          "status": status, "reason": reason}
     if status == "OK":
-        r["timing"] = {"samples_s": samples, "summary": {"median": float(np.median(samples)), "count": n}}
+        r["timing"] = {"samples_s": samples, "summary": {"median": float(np.median(samples)), "count": n,
+                                                   "rel_noise": sigma}}
         if floor is not None:
             r["floor_s"] = floor
     return r
