@@ -1,4 +1,4 @@
-"""``microbench`` command line: list, run, shapes, env (the other commands live in cli_*.py).
+"""``microbench`` command line: list, run (the other commands live in cli_*.py).
 
 Bad input (an unknown suite, case, variant or axis value, a malformed or foreign result
 file, a config missing keys) prints one line and exits 2, never a traceback.
@@ -7,7 +7,6 @@ file, a config missing keys) prints one line and exits 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -358,38 +357,6 @@ def _cuda_count() -> int:
     return max(1, torch.cuda.device_count())
 
 
-# --------------------------------------------------------------------------- shapes / env
-
-
-def cmd_shapes(a: argparse.Namespace) -> int:
-    """A model config and a parallel layout -> the per-rank shapes every case uses."""
-    from tabulate import tabulate
-
-    from microbench.models import ConfigError, ParallelLayout, load_model, rank_shapes
-
-    try:
-        model = load_model(a.model)
-        shapes = rank_shapes(model, ParallelLayout(tp=a.tp, ep=a.ep))
-    except (ConfigError, ValueError) as e:
-        raise UsageError(str(e)) from None
-    q = model.quant
-    rows = list(shapes.as_dict().items())
-    rows += [("layers (dense + MoE)", f"{model.n_dense_layers} + {model.n_moe_layers}"),
-             ("routed experts", f"{q.routed_experts}" + (f", group {q.group_size}" if q.group_size else "")),
-             ("other weights", q.other)]
-    print(tabulate(rows, headers=["per-rank shape", "value"], tablefmt="simple", disable_numparse=True))
-    return 0
-
-
-def cmd_env(a: argparse.Namespace) -> int:
-    from microbench import env
-
-    device = None if a.device == "auto" else resolve_device(a.device, present=False)
-    fp = env.fingerprint(device)
-    print(json.dumps(fp, indent=1) if a.json else env.format_fingerprint(fp))
-    return 0
-
-
 # --------------------------------------------------------------------------- parser
 
 
@@ -441,23 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)  # set for ranks we launch
     r.set_defaults(func=cmd_run)
 
-    from microbench import cli_tune
+    from microbench import cli_compile, cli_info, cli_model, cli_results, cli_try, cli_tune
 
     cli_tune.add_parser(sub)
-
-    sh = sub.add_parser("shapes", help="per-rank shapes of a model config at a parallel layout")
-    sh.add_argument("--model", default="kimi-k2.5", help="a shipped model name or a path to a config.json")
-    sh.add_argument("--tp", type=int, default=8, help="tensor-parallel size (default 8)")
-    sh.add_argument("--ep", type=int, default=1, help="expert-parallel size: 1 or equal to --tp (default 1)")
-    sh.set_defaults(func=cmd_shapes)
-
-    e = sub.add_parser("env", help="the environment fingerprint stored in every result file")
-    e.add_argument("--device", default="auto")
-    e.add_argument("--json", action="store_true", help="print JSON")
-    e.set_defaults(func=cmd_env)
-
-    from microbench import cli_compile, cli_model, cli_results, cli_try
-
+    cli_info.add_parsers(sub)
     cli_results.add_parsers(sub)
     cli_model.add_parser(sub)
     cli_try.add_parser(sub)

@@ -76,12 +76,13 @@ def cmd_compare(a: argparse.Namespace) -> int:
                          "normalisations: choose one")
     sources = [src for src, dst in mapping.items() if dst in _split(a.variant)]
     docs = [_load(a.base), _load(a.new)]
-    for side, (path, doc, names) in enumerate(((a.base, docs[0], mapping), (a.new, docs[1], mapping.values()))):
+    sides = (("base", a.base, docs[0], mapping.keys()), ("new", a.new, docs[1], mapping.values()))
+    for side, path, doc, names in sides:
         held = {r["variant"] for r in doc["records"]}
         missing = [v for v in names if v not in held]
         if missing:
-            raise UsageError(f"--map-variant: {path} ({'base' if side == 0 else 'new'}) holds no variant "
-                             f"{', '.join(missing)} (its variants: {', '.join(sorted(held))})")
+            raise UsageError(f"--map-variant: {path} ({side}) holds no variant {', '.join(missing)} "
+                             f"(its variants: {', '.join(sorted(held))})")
     base, new = _selected(a, docs, also_base=sources)
     result = compare.compare_runs(base, new, min_effect=a.min_effect, variant_map=mapping, quantile=a.stat,
                                   probe_correct=a.probe_correct, relative=a.relative, per_floor=a.per_floor)

@@ -174,9 +174,10 @@ def load(path: str) -> dict[str, Any]:
     return doc
 
 
-def _number(v: Any, positive: bool = False) -> bool:
-    """A finite JSON number (not a bool), >= 0, or > 0 with ``positive``."""
-    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _number(v: Any, positive: bool = False, finite: bool = True) -> bool:
+    """A JSON number (not a bool), >= 0, or > 0 with ``positive``; finite unless ``finite``
+    is False (never NaN)."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and (math.isfinite(v) or not finite)
             and (v > 0 if positive else v >= 0))
 
 
@@ -222,9 +223,8 @@ def _record_problem(r: dict[str, Any]) -> str | None:
         return "timing has no positive median (summary.median)"
     if not _count(s.get("count")):
         return f"timing's summary.count {s.get('count')!r} is not a count"
-    noise = s.get("rel_noise")  # +inf where too few samples bound it (JSON's Infinity)
-    if not (isinstance(noise, (int, float)) and not isinstance(noise, bool) and noise >= 0):
-        return f"timing's summary.rel_noise {noise!r} is not a number >= 0"
+    if not _number(s.get("rel_noise"), finite=False):  # +inf where too few samples bound it (JSON's Infinity)
+        return f"timing's summary.rel_noise {s.get('rel_noise')!r} is not a number >= 0"
     passes, rotations = t.get("passes"), t.get("rotations")
     if passes is not None and not (isinstance(passes, list) and all(map(_count, passes))
                                    and sum(passes) == len(samples)):
