@@ -1,10 +1,12 @@
 """scripts/gpu-check, read and partly run without a GPU: its steps fit its time, select
-the GPU tests, prebuild and tune what the verify suite needs, and its last steps work on a
-GPU result file."""
+the GPU tests, prebuild and tune what the verify suite needs, plan its verify-suite run
+within its limit, and its last steps work on a GPU result file."""
 
 from __future__ import annotations
 
+import csv
 import functools
+import io
 import json
 import os
 import re
@@ -13,26 +15,38 @@ import subprocess
 import sys
 
 import microbench.cases as cases_pkg
+from microbench.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _script() -> str:
+    """scripts/gpu-check with its continued lines joined (one line per command)."""
+    with open(os.path.join(ROOT, "scripts", "gpu-check")) as f:
+        return f.read().replace("\\\n", " ")
+
+
+def _step(name: str) -> list[str]:
+    """The words of the check's `step "NAME" SECONDS CMD...` line."""
+    (line,) = [ln for ln in _script().splitlines() if ln.startswith(f'step "{name}"')]
+    return shlex.split(line)
 
 
 def test_gpu_check_runs_the_gpu_tests_only():
     """The GPU check's test step selects the tests marked gpu (each a bf16, CUDA-timing or
     capture check), not the CPU suite, whose interpreter smoke run alone would outlast the
     step's limit on a GPU host."""
-    script = open(os.path.join(ROOT, "scripts", "gpu-check")).read()
+    script = _script()
     limits = dict(re.findall(r'^\s*step "([^"]+)" (\d+) ', script, re.M))
     limits = {k: int(v) for k, v in limits.items()}
     # the prebuild runs beside env and tune: the check waits for it only past their limits
-    (grace, prebuild), = [(int(g), int(n)) for g, n in re.findall(r"timeout --kill-after=(\d+) (\d+) .* compile ",
-                                                                   script.replace("\\\n", " "))]
+    (grace, prebuild), = [(int(g), int(n))
+                          for g, n in re.findall(r"timeout --kill-after=(\d+) (\d+) .* compile ", script)]
     waited = max(0, prebuild + grace - limits["env"] - limits["tune"])
     # the check's steps fit in 8 minutes, with room for what runs between them (the CUDA
     # probe, a gzip of a large result file, a SIGTERM'd step's 5 s grace)
     assert len(limits) >= 6 and sum(limits.values()) + waited <= 8 * 60 - 15
-    (line,) = [ln for ln in script.splitlines() if ln.startswith('step "tests"')]
-    args = shlex.split(line)
+    args = _step("tests")
     expr = args[args.index("-m", args.index("pytest")) + 1]
     assert re.search(r"\bgpu\b", expr) and "not gpu" not in expr
     p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests",
@@ -49,8 +63,7 @@ def test_gpu_check_prebuilds_the_verify_suite_into_the_cache_before_running_it()
     from microbench.cli import build_parser
     from microbench.cli_compile import _selection
 
-    script = open(os.path.join(ROOT, "scripts", "gpu-check")).read().replace("\\\n", " ")
-    lines = script.splitlines()
+    lines = _script().splitlines()
     (i,) = [i for i, ln in enumerate(lines) if " -m microbench compile " in ln]
     argv = shlex.split(lines[i].split('"$PY" -m microbench ', 1)[1].split(">", 1)[0])
     a = build_parser().parse_args(argv)
@@ -69,11 +82,30 @@ def test_gpu_check_gives_the_verify_suite_a_deadline_inside_its_limit():
     """The suite's run spreads a deadline over its points (the builds' time is not known
     before a GPU runs them), ending them before the step's SIGTERM with room for its table,
     speed targets and file."""
-    script = open(os.path.join(ROOT, "scripts", "gpu-check")).read().replace("\\\n", " ")
-    (line,) = [ln for ln in script.splitlines() if ln.startswith('step "verify suite"')]
-    args = shlex.split(line)
+    args = _step("verify suite")
     limit, deadline = int(args[2]), float(args[args.index("--deadline-s") + 1])
     assert 0.8 * limit <= deadline <= limit - 15
+
+
+def test_plan_sizes_a_gpu_run_without_a_gpu_and_runs_nothing(tmp_path, capsys):
+    """`run --plan --device cuda` needs no GPU: the GPU check's own verify-suite command is
+    planned here, so a bad axis value cannot waste the GPU's time, and its timing budget is
+    held under half its step's limit (gates, warm-up and compiles take the rest)."""
+    args = _step("verify suite")
+    limit = int(args[2])
+    argv = args[args.index("run"):]
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    assert main([*argv, "--plan", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    by_case = {r["case"]: r for r in rows}
+    assert {"attention.mla_verify", "moe.experts", "comm.allreduce_sweep", "layer.decoder"} <= set(by_case)
+    assert int(by_case["comm.allreduce_sweep"]["points"]) == 6 * 2  # the six sizes, eager and graph
+    budget_s = float(argv[argv.index("--budget-s") + 1])
+    # at most: every variant run, those this host cannot make too (CuPy, peer access)
+    worst = sum(int(r["variant_runs"]) + int(r["variants_not_run"]) for r in rows) * budget_s
+    assert sum(float(r["budget_s"]) for r in rows) <= worst <= limit / 2, (worst, limit)
+    assert not os.listdir(tmp_path)  # nothing ran, nothing was written
+    assert argv[argv.index("--device") + 1] == "cuda"
 
 
 def test_gpu_check_tunes_every_point_a_moe_speed_target_reads():
@@ -85,9 +117,7 @@ def test_gpu_check_tunes_every_point_a_moe_speed_target_reads():
     from microbench.cli import _axis_picks
     from microbench.targets import stated
 
-    script = open(os.path.join(ROOT, "scripts", "gpu-check")).read().replace("\\\n", " ")
-    (line,) = [ln for ln in script.splitlines() if ln.startswith('step "tune"')]
-    args = shlex.split(line)
+    args = _step("tune")
     picks = _axis_picks([args[i + 1] for i, a in enumerate(args) if a == "--axis"])
     case = cases_pkg.get_case(args[args.index("--case") + 1])
     tuned = case_points(case, "verify", picks)
@@ -108,7 +138,7 @@ def test_gpu_check_model_and_report_steps_run_on_a_gpu_result_file(tmp_path):
                                  "dtype": "bf16"}}]}
     latest = tmp_path / "run.json"
     latest.write_text(json.dumps(doc))
-    lines = open(os.path.join(ROOT, "scripts", "gpu-check")).read().replace("\\\n", " ").splitlines()
+    lines = _script().splitlines()
     env = {"$PY": sys.executable, "$latest": str(latest), "$OUT": str(tmp_path)}
     for name in ("model", "report"):
         (i,) = [i for i, ln in enumerate(lines) if ln.strip().startswith(f'step "{name}"')]
