@@ -37,8 +37,20 @@ def pytest_report_header(config: pytest.Config) -> str:
         tri = f"triton {triton.__version__} ({os.path.dirname(triton.__file__)})"
     except ImportError:
         tri = "triton: not importable"
-    mode = ("interpreter" + ("" if BF16_DOT else ", bf16 dot not patched")) if INTERPRETED else "compiled"
+    mode = "compiled"
+    if INTERPRETED:
+        mode = "interpreter" + ("" if BF16_DOT else ", bf16 dot not patched")
+        from tests.interp_checks import checks
+
+        mode += {True: ", debug checks on", False: ", debug checks off"}.get(checks(), "")
     return f"microbench: torch {torch.__version__}, {tri}, kernels {mode}, CUDA {HAS_CUDA}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if INTERPRETED:  # off unless asked for, as a compiled kernel runs (tests/interp_checks.py)
+        from tests.interp_checks import set_checks
+
+        set_checks(config.getoption("--triton-checks"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,6 +59,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--mb-suite", default=None,
                      help="microbench benches: the suite whose points to bench (default: verify on a GPU, "
                           "smoke on CPU)")
+    parser.addoption("--triton-checks", action="store_true",
+                     help="interpreted kernels: raise on an int32 add, sub or mul that overflows and on a failed "
+                          "tl.device_assert (Triton's debug mode; about a third of an interpreted MoE kernel's "
+                          "time). Off by default, as a compiled kernel runs; scripts/test-triton-floor turns "
+                          "them on for every kernel's tests")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by marker
