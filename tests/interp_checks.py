@@ -20,7 +20,9 @@ import dataclasses
 _FIELDS = ("sanitize_overflow", "debug")
 
 
-def _builder():
+def interpreter_builder():
+    """The interpreter's builder, whose ``options`` its semantics read at each operation;
+    None where this Triton has none with both options."""
     try:
         from triton.runtime import interpreter
     except ImportError:
@@ -36,7 +38,7 @@ def set_checks(on: bool) -> bool:
     """Run (True) or skip (False) the interpreter's overflow checks and device asserts;
     False where this Triton's interpreter has no such options (nothing is changed then).
     Takes effect at the next interpreted operation."""
-    builder = _builder()
+    builder = interpreter_builder()
     if builder is None:
         return False
     builder.options = dataclasses.replace(builder.options, sanitize_overflow=on, debug=on)
@@ -45,7 +47,7 @@ def set_checks(on: bool) -> bool:
 
 def checks() -> bool | None:
     """Whether the interpreter runs its debug checks now (None: it has no such options)."""
-    builder = _builder()
+    builder = interpreter_builder()
     if builder is None:
         return None
     return builder.options.sanitize_overflow and builder.options.debug

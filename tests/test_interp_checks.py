@@ -4,15 +4,13 @@ default computes the overflow check only to drop it, which is why the tests turn
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import triton
 import triton.language as tl
 
 from tests.conftest import INTERPRETED
-from tests.interp_checks import checks, set_checks
+from tests.interp_checks import checks, interpreter_builder, set_checks
 
 pytestmark = pytest.mark.skipif(not INTERPRETED, reason="the interpreter's options (kernels are compiled here)")
 
@@ -32,9 +30,8 @@ def _scale(x: int, k: int, limit: int = 1 << 30) -> int:
 
 @pytest.fixture
 def builder():
-    from triton.runtime import interpreter
-
-    b = interpreter.interpreter_builder
+    b = interpreter_builder()
+    assert b is not None, "this Triton's interpreter has no sanitize_overflow / debug options"
     was = b.options
     yield b
     b.options = was
