@@ -75,10 +75,11 @@ def _reasons(r: Mapping[str, Any]) -> set[str]:
     return set((r.get("clocks") or {}).get("throttle_reasons") or []) - BENIGN_REASONS
 
 
-def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, Any]]) -> tuple[Any, Any] | str:
+def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, Any]]) -> tuple[Any, Any, float] | str:
     """Per-round ratios of a record to its point's baseline record (an interleaved run;
-    one per whole rotation where its order rotated), with the pass boundaries; or the
-    reason there are none."""
+    one per whole rotation where its order rotated), with the pass boundaries and the two
+    records' half-ticks together (how far the ratios' median may lie off from their
+    timers' ticks alone); or the reason there are none."""
     if r["variant"] == r.get("baseline"):
         return "the baseline itself"
     base = index.get(record_key({**r, "variant": r.get("baseline")}))
@@ -91,7 +92,7 @@ def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, An
                                             verdicts.rotations(r["timing"]), r["timing"].get("passes"))
     if not ratios.size:
         return "not one whole rotation of the interleaved order (a run cut short)"
-    return list(ratios), passes
+    return list(ratios), passes, verdicts.timing_half_tick(base["timing"]) + verdicts.timing_half_tick(r["timing"])
 
 
 def _per_floor(b: Mapping[str, Any], n: Mapping[str, Any]) -> tuple[float, float] | str:
@@ -130,13 +131,15 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
         if len(kinds) > 1:
             row["notes"].append("floors from a measured ceiling on one side, a datasheet on the other")
     row["base_time"], row["new_time"] = float(np.quantile(bs, quantile)), float(np.quantile(ns, quantile))
+    # each side's half-tick over its statistic: relative, so per floor it is its time's
+    ticks = (verdicts.timing_half_tick(b["timing"], quantile), verdicts.timing_half_tick(n["timing"], quantile))
     if relative is not None:
         sb, sn = _relative_series(b, relative[0]), _relative_series(n, relative[1])
         if isinstance(sb, str) or isinstance(sn, str):
             row["notes"].append(f"relative: {sb if isinstance(sb, str) else sn}")
             return row
-        (bs, bpass), (ns, npass) = sb, sn
-        probes = False
+        (bs, bpass, tb), (ns, npass, tn) = sb, sn
+        ticks, probes = (tb, tn), False
         if (b["timing"].get("rotation", 1) > 1) != (n["timing"].get("rotation", 1) > 1):
             row["notes"].append("interleaved order rotated on one side only (a file from before rotation): "
                                 "a call's place in its round may show in the ratio")
@@ -150,7 +153,8 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
     shift = abs(math.log(env)) if env and not probe_correct else 0.0
     v = verdicts.compare_samples(bs, ns, min_effect=min_effect, env_sigma=wander, env_df=df, quantile=quantile,
                               base_probe=bp if probes and probe_correct else None,
-                              new_probe=np_ if probes and probe_correct else None, env_shift=shift)
+                              new_probe=np_ if probes and probe_correct else None, env_shift=shift,
+                              half_ticks=ticks)
     row.update(label=v.label, ratio=v.ratio, lo=v.lo, hi=v.hi, raw_ratio=v.raw_ratio, env_ratio=env,
                wander=wander, wander_df=own_df, explain=v.explain())
     if wander > min_effect:

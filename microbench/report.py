@@ -281,7 +281,7 @@ def json_key(v: Any) -> Any:
 
 
 CSV_FIELDS = ["case", "axes", "variant", "device", "status", "reason", "median_s", "mean_s", "min_s", "p20_s",
-              "p80_s", "rel_noise", "count", "stop_reason", "mode", "bytes", "flops", "gbps", "tflops",
+              "p80_s", "rel_noise", "tick_s", "count", "stop_reason", "mode", "bytes", "flops", "gbps", "tflops",
               "pct_of_floor", "floor_source", "vs_baseline_ratio", "vs_baseline_lo", "vs_baseline_hi",
               "vs_baseline_label", "derived"]
 
@@ -307,8 +307,9 @@ def render_csv(records: Iterable[dict[str, Any]]) -> str:
         vb = r.get("vs_baseline") or {}
         w.writerow([r["case"], " ".join(f"{k}={v}" for k, v in r["axes"].items()), r["variant"], r.get("device"),
                     r["status"], r.get("reason") or "", s.get("median"), s.get("mean"), s.get("min"), s.get("p20"),
-                    s.get("p80"), s.get("rel_noise"), s.get("count"), t.get("stop_reason"), t.get("mode"),
-                    r.get("bytes"), r.get("flops"), r.get("gbps"), r.get("tflops"), r.get("pct_of_floor"),
-                    r.get("floor_source"), vb.get("ratio"), vb.get("lo"), vb.get("hi"), vb.get("label"),
+                    s.get("p80"), s.get("rel_noise"), s.get("tick"), s.get("count"), t.get("stop_reason"),
+                    t.get("mode"), r.get("bytes"), r.get("flops"), r.get("gbps"), r.get("tflops"),
+                    r.get("pct_of_floor"), r.get("floor_source"), vb.get("ratio"), vb.get("lo"), vb.get("hi"),
+                    vb.get("label"),
                     "; ".join(f"{k}={v}" for k, v in (r.get("derived") or {}).items())])
     return buf.getvalue()

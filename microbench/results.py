@@ -225,6 +225,9 @@ def _record_problem(r: dict[str, Any]) -> str | None:
         return f"timing's summary.count {s.get('count')!r} is not a count"
     if not _number(s.get("rel_noise"), finite=False):  # +inf where too few samples bound it (JSON's Infinity)
         return f"timing's summary.rel_noise {s.get('rel_noise')!r} is not a number >= 0"
+    for part, v in (("summary.tick", s.get("tick")), ("resolution_s", t.get("resolution_s"))):
+        if v is not None and not _number(v):  # absent from files from before ticks were kept
+            return f"timing's {part} {v!r} is not a finite number >= 0"
     passes, rotations = t.get("passes"), t.get("rotations")
     if passes is not None and not (isinstance(passes, list) and all(map(_count, passes))
                                    and sum(passes) == len(samples)):

@@ -376,7 +376,7 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
         t, nt = o["timing"], n["timing"]
         t.setdefault("passes", [len(t["samples_s"])]).append(len(nt["samples_s"]))
         t["samples_s"] = t["samples_s"] + nt["samples_s"]
-        t["summary"] = stats.summarize(t["samples_s"]).to_dict()
+        t["summary"] = stats.summarize(t["samples_s"], t.get("resolution_s") or 0.0).to_dict()
         t["elapsed_s"] += nt["elapsed_s"]
         t["warmup_s"] = t.get("warmup_s", 0.0) + nt.get("warmup_s", 0.0)
         # interleaved, a pass in which a variant failed rotated its order over fewer (1: not interleaved)

@@ -23,6 +23,19 @@ _LEAD_MIN_CYCLES = 200_000
 _LEAD_MAX_CYCLES = 20_000_000
 _NOMINAL_CLOCK_HZ = 2e9
 
+#: The step of ``cudaEventElapsedTime``: "a resolution of around 0.5 microseconds" (CUDA
+#: runtime API); recent GPUs are seen counting in ~1.024 µs. Only a fallback: a
+#: measurement's tick is read from its samples (:func:`microbench.stats.sample_tick`),
+#: and this stands in where all of them are equal.
+CUDA_EVENT_RESOLUTION_S = 0.5e-6
+
+
+def cpu_timer_resolution_s() -> float:
+    """The step of the host clock the CPU samplers read (``perf_counter_ns`` reads the
+    clock ``perf_counter`` does)."""
+    return time.get_clock_info("perf_counter").resolution
+
+
 @dataclass
 class _Sampler:
     take: Callable[[], float]
@@ -34,6 +47,12 @@ class _Sampler:
     flush_bytes: int
     notes: list[str]
     warmup_s: float = 0.0  # set by timing._prepare: the wall time until the first sample
+
+    @property
+    def resolution_s(self) -> float:
+        """The timer's documented step per call: a sample is ``batch`` calls."""
+        per_sample = CUDA_EVENT_RESOLUTION_S if self.timer == "cuda-events" else cpu_timer_resolution_s()
+        return per_sample / self.batch
 
 
 def _is_cuda(device: str) -> bool:

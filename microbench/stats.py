@@ -6,6 +6,17 @@ sorts once and does no resampling: the distribution-free confidence interval of 
 median comes from binomial order statistics (ranks ``n/2 ± z·sqrt(n)/2``), valid for any
 continuous distribution, skewed timing tails included. The A/B verdicts built on these
 samples are in :mod:`microbench.verdicts`.
+
+Timers count in ticks (CUDA events: "around 0.5 µs" documented, multiples of ~1.024 µs
+seen on recent GPUs), and a µs-scale call's samples then fall on two or three values. The
+median of such samples is itself a whole number of ticks, up to half a tick from the time
+it stands for however many samples agree on it, while the order-statistic interval can
+land all its ranks on one value and claim a width of 0. So the tick is read from the
+samples (:func:`sample_tick`) and an interval narrower than one tick is widened to hold
+``median ± tick/2`` (:func:`median_ci`, :func:`median_rel_noise`). Of samples that show
+their tick, an interval spanning two distinct values is at least one tick wide, so the
+rule changes only an interval that collapsed onto one value: dithered samples, and CPU
+timings at ns resolution, keep theirs unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +35,10 @@ LABELS: tuple[str, ...] = ("FASTER", "SLOWER", "SAME", "UNSURE")
 #: whole sample (n = 6 gives ranks 1 and 6), and a bootstrap of the median has almost no
 #: distinct values: no interval is reported (noise = inf, verdict interval = [0, inf]).
 MIN_SAMPLES = 6
+
+#: Gaps between sample values below this fraction of the largest value are float rounding,
+#: not a timer's tick.
+_TICK_RTOL = 1e-9
 
 #: Resampled elements per bootstrap chunk: 2M int64 indices + their gathered float64
 #: values is ~32 MB, whatever the sample count (up to ~10,000) and n_boot.
@@ -79,7 +94,9 @@ class Summary:
 
     ``iqr`` is p75 - p25; ``stddev`` is the sample standard deviation (ddof = 1, 0 for one
     sample); ``rel_noise`` is the half-width of the distribution-free 95% interval of the
-    median divided by the median (inf below :data:`MIN_SAMPLES` samples).
+    median divided by the median (inf below :data:`MIN_SAMPLES` samples), never under half
+    a ``tick`` (:func:`median_ci`); ``tick`` is the timer's step per call as the samples
+    show it (:func:`sample_tick`; 0: unknown, as in result files from before it was kept).
     """
 
     count: int
@@ -92,6 +109,7 @@ class Summary:
     iqr: float
     stddev: float
     rel_noise: float
+    tick: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (``rel_noise`` may be ``inf``: results are written with allow_nan)."""
@@ -99,8 +117,9 @@ class Summary:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Summary":
-        """Inverse of :meth:`to_dict`; keys this version does not know are ignored."""
-        kw: dict[str, Any] = {f.name: float(d[f.name]) for f in fields(cls) if f.name != "count"}
+        """Inverse of :meth:`to_dict`; keys this version does not know are ignored, and one
+        it added since (``tick``) takes its default where an older file lacks it."""
+        kw: dict[str, Any] = {f.name: float(d[f.name]) for f in fields(cls) if f.name != "count" and f.name in d}
         return cls(count=int(d["count"]), **kw)
 
 
@@ -117,39 +136,93 @@ def _median_ranks(n: int, confidence: float) -> tuple[int, int]:
     return lo - 1, hi - 1
 
 
-def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Distribution-free interval (lo, hi) of the median of ``samples``, same unit.
+def sample_tick(samples: Sequence[float], resolution: float = 0.0) -> float:
+    """The timer's step per call as ``samples`` show it: the smallest positive gap between
+    two of their distinct values; ``resolution`` (the timer's documented step per call)
+    where they show none, all being equal; 0 where neither is known.
+
+    Per-call samples of a batch (hot mode, a graph replay) are its time / calls, so their
+    step is the timer's / calls, and this finds it. Samples pooled from batches of
+    different sizes can show a smaller gap than either step: the tick is then understated,
+    and intervals are widened less, never more, than they should be.
+    """
+    return _tick(np.sort(_as_samples(samples, "samples")), resolution)
+
+
+def _tick(x: np.ndarray, resolution: float) -> float:
+    """:func:`sample_tick` of sorted samples."""
+    gaps = np.diff(x)
+    gaps = gaps[gaps > _TICK_RTOL * max(abs(x[0]), abs(x[-1]))]
+    return float(gaps.min()) if gaps.size else float(resolution)
+
+
+def half_tick(samples: Sequence[float], tick: float, quantile: float = 0.5) -> float:
+    """Half a ``tick`` over the samples' ``quantile`` (the median by default): how far,
+    relative, that statistic of tick-counted samples may lie from the time it stands for,
+    however many samples agree on it. inf where the quantile is not positive."""
+    q = float(np.quantile(_as_samples(samples, "samples"), quantile))
+    return 0.5 * tick / q if q > 0 else math.inf
+
+
+def _median(x: np.ndarray) -> float:
+    n = x.size
+    return float(0.5 * (x[(n - 1) // 2] + x[n // 2]))
+
+
+def _ci(x: np.ndarray, confidence: float, tick: float) -> tuple[float, float]:
+    """The median's interval from sorted samples: the order statistics of
+    :func:`_median_ranks`, held to ``median ± tick/2`` where they lie less than a tick
+    apart (the module docstring says why)."""
+    lo_i, hi_i = _median_ranks(x.size, confidence)
+    lo, hi = float(x[lo_i]), float(x[hi_i])
+    if hi - lo < tick:
+        m = _median(x)
+        lo, hi = min(lo, m - 0.5 * tick), max(hi, m + 0.5 * tick)
+    return lo, hi
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95, resolution: float = 0.0) -> tuple[float, float]:
+    """Distribution-free interval (lo, hi) of the median of ``samples``, same unit, at
+    least one tick wide (:func:`sample_tick`, ``resolution`` its fallback).
 
     Returns (-inf, inf) below :data:`MIN_SAMPLES` samples.
     """
     x = np.sort(_as_samples(samples, "samples"))
     if x.size < MIN_SAMPLES:
         return -math.inf, math.inf
-    lo, hi = _median_ranks(x.size, confidence)
-    return float(x[lo]), float(x[hi])
+    return _ci(x, confidence, _tick(x, resolution))
 
 
-def median_rel_noise(samples: Sequence[float], confidence: float = 0.95) -> float:
-    """Relative noise of the median: (x[hi] - x[lo]) / (2 · median), ranks as :func:`median_ci`.
+def median_rel_noise(samples: Sequence[float], confidence: float = 0.95, resolution: float = 0.0) -> float:
+    """Relative noise of the median: the width of :func:`median_ci` / (2 · median).
 
-    Shrinks like 1/sqrt(n). ``math.inf`` when n < :data:`MIN_SAMPLES` or the median is not
-    positive (a relative width means nothing there). One sort, no resampling: the timer's
-    stopping rule calls this after every few samples.
+    Shrinks like 1/sqrt(n), down to half a tick over the median (``resolution``: the
+    timer's step per call, for samples that show none). ``math.inf`` when n <
+    :data:`MIN_SAMPLES` or the median is not positive (a relative width means nothing
+    there). One sort, no resampling: the timer's stopping rule calls this after every few
+    samples.
     """
     x = np.sort(_as_samples(samples, "samples"))
-    n = x.size
-    if n < MIN_SAMPLES:
+    return _rel_noise(x, confidence, _tick(x, resolution))
+
+
+def _rel_noise(x: np.ndarray, confidence: float, tick: float) -> float:
+    """:func:`median_rel_noise` of sorted samples whose tick is known."""
+    if x.size < MIN_SAMPLES:
         return math.inf
-    med = 0.5 * (x[(n - 1) // 2] + x[n // 2])
+    med = _median(x)
     if med <= 0:
         return math.inf
-    lo, hi = _median_ranks(n, confidence)
-    return float((x[hi] - x[lo]) / (2.0 * med))
+    lo, hi = _ci(x, confidence, tick)
+    return (hi - lo) / (2.0 * med)
 
 
-def summarize(samples: Sequence[float]) -> Summary:
-    """Summary of ``samples`` (any unit); ValueError on empty input or non-finite values."""
+def summarize(samples: Sequence[float], resolution: float = 0.0) -> Summary:
+    """Summary of ``samples`` (any unit); ValueError on empty input or non-finite values.
+    ``resolution``: the timer's step per call, the tick where the samples show none."""
     x = _as_samples(samples, "samples")
+    xs = np.sort(x)
+    tick = _tick(xs, resolution)
     p20, p25, p50, p75, p80 = np.percentile(x, [20, 25, 50, 75, 80])
     return Summary(
         count=int(x.size),
@@ -161,7 +234,8 @@ def summarize(samples: Sequence[float]) -> Summary:
         p80=float(p80),
         iqr=float(p75 - p25),
         stddev=float(x.std(ddof=1)) if x.size > 1 else 0.0,
-        rel_noise=median_rel_noise(x),
+        rel_noise=_rel_noise(xs, 0.95, tick),
+        tick=tick,
     )
 
 

@@ -21,7 +21,8 @@ The measures (``kind``):
 - ``time_ratio``: time of the variant / time of ``ref``, at most ``bar`` ("within 10%
   of the decode kernel" is ``time_ratio`` 1.10);
 - ``floor``: the record's floor (bytes / measured bandwidth, the roofline) / its median
-  time, at least ``bar``; the interval is the median's distribution-free one.
+  time, at least ``bar``; the interval is the median's distribution-free one, at least
+  one timer tick wide (:func:`microbench.stats.median_ci`).
 
 A bar is stated for one GPU (``stated_for``, a hardware profile name): on another the
 rows still say where the kernels stand, and the table says whose bar it is. Nothing here
@@ -234,7 +235,7 @@ def _measure(t: Target, rec: dict[str, Any], ref: dict[str, Any] | None,
         tm = float(np.median(samples))
         if not tm > 0:
             raise ValueError(f"{rec['variant']}: median time {tm!r}")
-        lo_t, hi_t = median_ci(samples)
+        lo_t, hi_t = median_ci(samples, resolution=rec["timing"].get("resolution_s") or 0.0)
         floor = rec["floor_s"]
         return floor / tm, (floor / hi_t if math.isfinite(hi_t) else 0.0), (floor / lo_t if lo_t > 0 else math.inf)
     assert ref is not None

@@ -38,7 +38,10 @@ The stopping rule is shared by every mode (:func:`stop_reason`): take at least
 ``min_samples`` samples and ``min_time_s`` of measured time, then stop as soon as the
 relative noise of the median (half-width of its 95% CI / median) is under
 ``max_noise``; stop anyway at ``budget_s`` of wall time or ``max_samples``. Which rule
-ended the measurement is recorded, so a number that hit the budget says so.
+ended the measurement is recorded, so a number that hit the budget says so. The noise is
+never under half the timer's tick over the median (:mod:`microbench.stats`): a µs-scale
+call whose samples fall on a few tick values has an order-statistic interval of width 0,
+and must not stop on it; it runs to its budget unless half a tick is within ``max_noise``.
 """
 
 from __future__ import annotations
@@ -123,6 +126,9 @@ class Measurement:
     # interleaved: the number of variants whose order rotated round by round (round i
     # starts with variant i mod rotation); 1: not interleaved, or a file from before rotation
     rotation: int = 1
+    # the timer's documented step per call (its step per sample / batch): the tick where
+    # the samples show none (microbench.stats.sample_tick; 0 in files from before it was kept)
+    resolution_s: float = 0.0
 
     @property
     def median_s(self) -> float:
@@ -157,10 +163,12 @@ def _noise_due(n: int) -> bool:
 
 
 def run_until_stable(
-    take: Callable[[], float], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter, batch: int = 1
+    take: Callable[[], float], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter, batch: int = 1,
+    resolution: float = 0.0,
 ) -> tuple[list[float], str, float]:
     """Take samples from ``take`` (seconds per call each, ``batch`` calls a sample) until
     the stopping rule says stop; the measured time it counts is the samples' whole length.
+    ``resolution``: the timer's step per call, the tick while the samples show none.
 
     Returns (samples, stop reason, elapsed wall seconds). ``clock`` is injectable so the
     rule can be tested against synthetic timers.
@@ -175,7 +183,7 @@ def run_until_stable(
         measured += s * batch
         n = len(samples)
         if n >= opts.min_samples and _noise_due(n):
-            noise = median_rel_noise(samples)
+            noise = median_rel_noise(samples, resolution=resolution)
         reason = stop_reason(n, measured, clock() - t0, noise, opts)
         if reason:
             return samples, reason, clock() - t0
@@ -189,7 +197,7 @@ MIN_ROTATIONS = MIN_SAMPLES
 
 def run_interleaved(
     takes: Sequence[Callable[[], float]], opts: TimingOptions, clock: Callable[[], float] = time.perf_counter,
-    batches: Sequence[int] | None = None,
+    batches: Sequence[int] | None = None, resolutions: Sequence[float] | None = None,
 ) -> tuple[list[list[float]], str, float]:
     """Rounds of every variant, A B C, B C A, C A B, ... until every variant meets the
     rule (or the shared budget).
@@ -201,10 +209,12 @@ def run_interleaved(
     19 times in 20), and over each whole rotation every variant holds every place once, so
     :func:`microbench.verdicts.paired_ratios` cancels it. The noise rule ends the loop
     only on a whole rotation, after at least :data:`MIN_ROTATIONS` of them; the budget
-    ends it anywhere. ``batches`` gives each variant's calls per sample (default 1).
+    ends it anywhere. ``batches`` gives each variant's calls per sample (default 1),
+    ``resolutions`` its timer's step per call (as for :func:`run_until_stable`).
     """
     k = len(takes)
     batches = list(batches) if batches is not None else [1] * k
+    resolutions = list(resolutions) if resolutions is not None else [0.0] * k
     shared = replace(opts, budget_s=opts.budget_s * k, max_samples=opts.max_samples)
     least = opts.min_samples if k == 1 else max(opts.min_samples, MIN_ROTATIONS * k)
     all_samples: list[list[float]] = [[] for _ in takes]
@@ -220,7 +230,7 @@ def run_interleaved(
             measured[i] += s * batches[i]
         n += 1
         if n >= opts.min_samples and _noise_due(n):
-            noise = [median_rel_noise(s) for s in all_samples]
+            noise = [median_rel_noise(s, resolution=r) for s, r in zip(all_samples, resolutions)]
         elapsed = clock() - t0
         reasons = [stop_reason(n, measured[i], elapsed, noise[i], shared) for i in range(k)]
         if any(r in ("budget", "max_samples") for r in reasons):
@@ -250,10 +260,10 @@ def _prepare(calls: Sequence[Callable[[], Any]], device: str, opts: TimingOption
 def _measurement(s: _Sampler, device: str, samples: list[float], reason: str, elapsed: float,
                  rotation: int = 1) -> Measurement:
     return Measurement(
-        mode=s.mode, timer=s.timer, device=device, samples_s=samples, summary=summarize(samples),
-        stop_reason=reason, batch=s.batch, copies=s.copies, warmup_calls=s.warmup_calls,
-        elapsed_s=elapsed, flush_bytes=s.flush_bytes, notes=list(s.notes), warmup_s=s.warmup_s,
-        rotation=rotation,
+        mode=s.mode, timer=s.timer, device=device, samples_s=samples,
+        summary=summarize(samples, s.resolution_s), stop_reason=reason, batch=s.batch, copies=s.copies,
+        warmup_calls=s.warmup_calls, elapsed_s=elapsed, flush_bytes=s.flush_bytes, notes=list(s.notes),
+        warmup_s=s.warmup_s, rotation=rotation, resolution_s=s.resolution_s,
     )
 
 
@@ -280,7 +290,7 @@ def measure(
     if lockstep is not None:
         lockstep.begin()
     clock = lockstep.clock if lockstep is not None else time.perf_counter
-    samples, reason, elapsed = run_until_stable(s.take, opts, clock, s.batch)
+    samples, reason, elapsed = run_until_stable(s.take, opts, clock, s.batch, s.resolution_s)
     return _measurement(s, device, samples, reason, elapsed)
 
 
@@ -300,6 +310,6 @@ def measure_interleaved(
         lockstep.begin()
     clock = lockstep.clock if lockstep is not None else time.perf_counter
     all_samples, reason, elapsed = run_interleaved([s.take for s in samplers], opts, clock,
-                                                   [s.batch for s in samplers])
+                                                   [s.batch for s in samplers], [s.resolution_s for s in samplers])
     return [_measurement(s, device, xs, reason, elapsed, rotation=len(samplers))
             for s, xs in zip(samplers, all_samples)]

@@ -31,6 +31,16 @@ Why each part:
   and neither does a large ratio whose interval still reaches 1: both are ``UNSURE``,
   and the answer is more samples or less noise, not a label.
 
+Timer ticks: a statistic of samples that fall on a few tick values (a µs-scale call timed
+by CUDA events) is known to no better than half a tick (:mod:`microbench.stats`), and a
+bootstrap of such samples collapses onto a ratio of two tick values, [1.25, 1.25] say,
+however close the true times are. So every interval is widened to hold the ratios the
+statistics allow within their half-ticks, ``(mB - qB/2) / (mA + qA/2)`` to
+``(mB + qB/2) / (mA - qA/2)`` for medians mA, mB read in ticks qA, qB (:func:`_tick_bound`):
+the outer bounds of that and the bootstrap interval, before any widening for the
+environment. Samples of fine resolution (a CPU's ns, or dithered samples whose bootstrap
+spans many ticks) have a bound inside their bootstrap interval, and it changes nothing.
+
 Environment correction: between two runs the whole machine can shift (clocks, co-tenants,
 thermal state). When each run also timed a fixed reference workload (the probe) beside
 the case, :func:`compare_samples` divides the case's ratio by the probe's ratio and
@@ -49,6 +59,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from microbench import stats
 from microbench.stats import MIN_SAMPLES, _MAX_DRAWS_PER_CHUNK, _as_samples, _check_confidence
 
 
@@ -80,6 +91,9 @@ class Verdict:
     env_sigma: float = 0.0
     #: Log-space environment move between the runs that stretched [lo, hi] (0 = none).
     env_shift: float = 0.0
+    #: The compared statistics' half-ticks together (relative, about the ratio's own
+    #: half-width from the timers' ticks alone) where they widened [lo, hi] (0 = they did not).
+    tick: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (``hi`` may be ``inf`` for too few samples)."""
@@ -112,6 +126,9 @@ class Verdict:
                 "SAME": f"interval within ±{e:.1%}",
                 "UNSURE": f"interval does not decide at ±{e:.1%}",
             }.get(self.label, "unknown label")
+            if self.tick > 0:
+                why += (f", held open by the timer's tick (±{self.tick:.1%}: more samples cannot narrow it; "
+                        "more calls per sample, hot or graph mode, can)")
         tail = f"({self.method}, n={self.n_base}/{self.n_new})"
         if self.env_ratio is None:
             return f"{head}, {why} {tail}"
@@ -142,6 +159,45 @@ def classify(ratio: float, lo: float, hi: float, min_effect: float) -> str:
     if 1.0 - e <= lo and hi <= 1.0 + e:
         return "SAME"
     return "UNSURE"
+
+
+def _tick_bound(ratio: float, lo: float, hi: float, up: Sequence[float],
+                down: Sequence[float]) -> tuple[float, float, float]:
+    """([lo, hi] widened to hold ``ratio`` moved by each statistic within its half-tick,
+    the half-ticks together where that widened it, else 0).
+
+    ``up``: the relative half-ticks (:func:`microbench.stats.half_tick`) of the
+    statistics in the ratio's numerator, ``down``: of those in its denominator. The bound
+    is ratio · Π(1 - u_up) / Π(1 + u_down) .. ratio · Π(1 + u_up) / Π(1 - u_down): for
+    medians mA (base) and mB (new) read in ticks qA, qB, (mB - qB/2) / (mA + qA/2) ..
+    (mB + qB/2) / (mA - qA/2). A denominator's half-tick of a whole statistic or more
+    leaves no upper bound.
+    """
+    b_lo, b_hi = ratio, ratio
+    for u in up:
+        b_lo, b_hi = b_lo * max(0.0, 1.0 - u), b_hi * (1.0 + u)
+    for u in down:
+        b_lo, b_hi = b_lo / (1.0 + u), (b_hi / (1.0 - u) if u < 1.0 else math.inf)
+    if b_lo >= lo and b_hi <= hi:
+        return lo, hi, 0.0
+    return min(lo, b_lo), max(hi, b_hi), float(sum(up) + sum(down))
+
+
+def _half_ticks(sets: Sequence[np.ndarray], quantile: float = 0.5) -> list[float]:
+    """Each sample set's half-tick over its ``quantile``, its tick read from its own samples."""
+    return [stats.half_tick(x, stats.sample_tick(x), quantile) for x in sets]
+
+
+def timing_tick(timing: Mapping[str, Any]) -> float:
+    """A record's timer tick per call: what its samples show (:func:`microbench.stats.sample_tick`),
+    else the timer's resolution it recorded (``resolution_s``; absent from files from before
+    it was kept, whose all-equal samples then have none)."""
+    return stats.sample_tick(timing["samples_s"], float(timing.get("resolution_s") or 0.0))
+
+
+def timing_half_tick(timing: Mapping[str, Any], quantile: float = 0.5) -> float:
+    """A record's half-tick over its ``quantile`` (the median by default) of time, relative."""
+    return stats.half_tick(timing["samples_s"], timing_tick(timing), quantile)
 
 
 def _check_args(min_effect: float, confidence: float, n_boot: int) -> None:
@@ -192,6 +248,7 @@ def compare_samples(
     quantile: float = 0.5,
     env_df: int = 0,
     env_shift: float = 0.0,
+    half_ticks: tuple[float, float] | None = None,
 ) -> Verdict:
     """Verdict for two separate (unpaired) runs: ratio = median(new) / median(base).
 
@@ -212,6 +269,11 @@ def compare_samples(
     two runs — the probe's ratio when it is not divided out. Not a correction (a case does
     not move exactly with the probe) but a bound: the interval is stretched by it on both
     sides, so a change no larger than the machine's own move is never called code.
+
+    ``half_ticks``: (base, new) each side's timer half-tick over its statistic, relative
+    (:func:`microbench.stats.half_tick`; :func:`timing_half_tick` for a record), which
+    widens the interval (module docstring); None: each read from its own samples, as are
+    the probes'.
 
     ``base``/``new``: positive per-call times (any unit, the same for both), any lengths.
     The interval is a percentile bootstrap of the median ratio, each side resampled
@@ -243,6 +305,7 @@ def compare_samples(
         return Verdict(label="SAME", ratio=1.0, lo=1.0, hi=1.0, raw_ratio=1.0, env_ratio=None if env is None else 1.0,
                        min_effect=float(min_effect), confidence=float(confidence), method="identical-samples",
                        n_base=int(b.size), n_new=int(n.size))
+    tick = 0.0
     if min(s.size for s in sets) < MIN_SAMPLES:
         lo, hi = 0.0, math.inf
     else:
@@ -251,6 +314,12 @@ def compare_samples(
         if env is not None:
             boot = boot / (meds[3] / meds[2])
         lo, hi = _interval(boot, confidence)
+        ub, un = half_ticks if half_ticks is not None else _half_ticks([b, n], quantile)
+        up, down = [un], [ub]
+        if env is not None:  # ratio / (new_probe / base_probe)
+            ubp, unp = _half_ticks(sets[2:], quantile)
+            up, down = [un, ubp], [ub, unp]
+        lo, hi, tick = _tick_bound(ratio, lo, hi, up, down)
         lo, hi = _widen(ratio, lo, hi, env_sigma, confidence, env_df)
         if env_shift > 0:
             lo, hi = lo * math.exp(-env_shift), hi * math.exp(env_shift)
@@ -258,7 +327,7 @@ def compare_samples(
         label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=raw,
         env_ratio=env, min_effect=float(min_effect), confidence=float(confidence),
         method="bootstrap-median" if quantile == 0.5 else f"bootstrap-p{100 * quantile:g}", n_base=int(b.size),
-        n_new=int(n.size), env_sigma=float(env_sigma), env_shift=float(env_shift),
+        n_new=int(n.size), env_sigma=float(env_sigma), env_shift=float(env_shift), tick=tick,
     )
 
 
@@ -340,12 +409,15 @@ def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: 
     (``samples_s``, and ``passes`` where the run made several): paired rounds when the run
     interleaved them (balanced over each rotation of their order, where it rotated); else
     each one's wander over time (between passes, or blocks of one pass) widens the
-    interval, since the two were timed at different moments."""
+    interval, since the two were timed at different moments. Either way each one's timer
+    tick widens it too (:func:`timing_half_tick`)."""
+    ticks = (timing_half_tick(base), timing_half_tick(new))
     if interleaved:
         return compare_paired(base["samples_s"], new["samples_s"], min_effect=min_effect,
-                              rotation=rotations(new), passes=new.get("passes"))
+                              rotation=rotations(new), passes=new.get("passes"), half_ticks=ticks)
     wander, df = combined_wander(base["samples_s"], base.get("passes"), new["samples_s"], new.get("passes"))
-    return compare_samples(base["samples_s"], new["samples_s"], min_effect=min_effect, env_sigma=wander, env_df=df)
+    return compare_samples(base["samples_s"], new["samples_s"], min_effect=min_effect, env_sigma=wander, env_df=df,
+                           half_ticks=ticks)
 
 
 def paired_ratios(base: Sequence[float], new: Sequence[float], rotation: int | Sequence[int] = 1,
@@ -399,6 +471,7 @@ def compare_paired(
     seed: int = 0,
     rotation: int | Sequence[int] = 1,
     passes: Sequence[int] | None = None,
+    half_ticks: tuple[float, float] | None = None,
 ) -> Verdict:
     """Verdict for one interleaved run: base[i] and new[i] were taken in the same round.
 
@@ -406,7 +479,8 @@ def compare_paired(
     variants' order rotated round by round, one per whole rotation: :func:`paired_ratios`);
     ratio = their median; interval by bootstrap over them. A slow drift (clock,
     temperature) that hits both variants of a round cancels in its ratio, so the interval
-    is not widened by it.
+    is not widened by it. The timers' ticks do not cancel: ``half_ticks`` (base, new) as
+    for :func:`compare_samples`, each side's half-tick over its median, widens it.
     """
     _check_args(min_effect, confidence, n_boot)
     b = _as_samples(base, "base", positive=True)
@@ -416,13 +490,16 @@ def compare_paired(
     if not whole:  # not one whole rotation (a run cut short): the rounds' own ratios, judged UNSURE
         r = paired_ratios(b, n)[0]
     ratio = float(np.median(r))
+    tick = 0.0
     if whole < MIN_SAMPLES:
         lo, hi = 0.0, math.inf
     else:
         (boot,) = _boot_medians(np.random.default_rng(seed), [r], n_boot)
         lo, hi = _interval(boot, confidence)
+        ub, un = half_ticks if half_ticks is not None else _half_ticks([b, n])
+        lo, hi, tick = _tick_bound(ratio, lo, hi, [un], [ub])
     return Verdict(
         label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=ratio,
         env_ratio=None, min_effect=float(min_effect), confidence=float(confidence),
-        method="paired-median", n_base=int(b.size), n_new=int(n.size),
+        method="paired-median", n_base=int(b.size), n_new=int(n.size), tick=tick,
     )

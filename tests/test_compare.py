@@ -6,6 +6,7 @@ import copy
 import re
 
 import numpy as np
+import pytest
 
 from microbench import compare, stats, verdicts
 
@@ -210,8 +211,6 @@ def test_per_floor_compares_efficiency_across_gpus():
     """An H100 run against an H200 one: the kernel took 4.8 / 3.35 as long on the slower
     memory (SLOWER in time), at the same % of its own floor (SAME per floor); a kernel that
     lost efficiency is SLOWER either way."""
-    import pytest
-
     rng = np.random.default_rng(7)
     h200 = _floored(_doc({"k": _samples(rng, scale=T0), "worse": _samples(rng, scale=T0)},
                          fp={"device": {"name": "NVIDIA H200"}}), 0.8 * T0)
@@ -236,3 +235,59 @@ def test_per_floor_compares_efficiency_across_gpus():
     assert "floors from a measured ceiling on one side, a datasheet on the other" in rows["worse"]["notes"]
     with pytest.raises(ValueError, match="choose one"):
         compare.compare_runs(h200, h100, per_floor=True, relative=True)
+
+
+TICK = 1.024e-6  # CUDA events' step on recent GPUs
+
+
+def _ticked(rng, counts, n=200):
+    """n samples on whole ticks, ``counts``: ticks -> share, as CUDA events time a µs call."""
+    ks, p = list(counts), np.array(list(counts.values()), dtype=float)
+    return list(TICK * rng.choice(ks, size=n, p=p / p.sum()))
+
+
+def test_medians_read_in_ticks_are_not_a_verdict_within_a_tick():
+    """A µs kernel timed by CUDA events in two runs: mostly 4 ticks, then mostly 5. The
+    bootstrap alone says SLOWER with an interval of width 0; each median is known only to
+    ±half a tick, so the row is UNSURE and says why. A file from before ticks were kept
+    (no summary.tick, no resolution_s) compares the same: the tick is read from its samples."""
+    rng = np.random.default_rng(20)
+    base, new = _doc({"k": _ticked(rng, {4: 0.8, 5: 0.2})}), _doc({"k": _ticked(rng, {4: 0.2, 5: 0.8})})
+    bs, ns = base["records"][0]["timing"]["samples_s"], new["records"][0]["timing"]["samples_s"]
+    assert verdicts.compare_samples(bs, ns, half_ticks=(0.0, 0.0)).label == "SLOWER"  # as it read before
+    row = compare.compare_runs(base, new)["rows"][0]
+    assert row["label"] == "UNSURE" and row["lo"] <= 1.0 and row["hi"] >= 5.5 / 3.5, row
+    assert "timer's tick" in row["explain"]
+    for d in (base, new):
+        del d["records"][0]["timing"]["summary"]["tick"]
+    assert compare.compare_runs(base, new)["rows"][0] == row
+    # samples all equal show no tick: the resolution the run recorded stands in for it
+    flat, flat2 = _doc({"k": [4 * TICK] * 200}), _doc({"k": [4 * TICK] * 199})
+    assert compare.compare_runs(flat, flat2)["rows"][0]["label"] == "SAME"  # [1, 1]: no tick known
+    for d in (flat, flat2):
+        d["records"][0]["timing"]["resolution_s"] = 0.5e-6
+    row = compare.compare_runs(flat, flat2)["rows"][0]
+    assert row["label"] == "UNSURE" and row["lo"] == pytest.approx((4 * TICK - 0.25e-6) / (4 * TICK + 0.25e-6))
+
+
+def test_within_run_and_relative_verdicts_hold_each_median_to_half_a_tick():
+    """The table's vs-baseline verdict (sequential or interleaved) and compare --relative
+    between two interleaved runs: per-round ratios of tick values collapse as the times
+    do, and are widened alike."""
+    rng = np.random.default_rng(21)
+    a = {"samples_s": _ticked(rng, {4: 0.8, 5: 0.2}), "resolution_s": 0.5e-6}
+    b = {"samples_s": _ticked(rng, {4: 0.2, 5: 0.8}), "resolution_s": 0.5e-6}
+    for interleaved in (False, True):
+        v = verdicts.within_run(a, b, interleaved=interleaved)
+        assert v.label == "UNSURE" and v.tick > 0.2, v.explain()
+
+    def run(work):
+        recs = [{"case": "c", "axes": {"size": 64}, "variant": name, "baseline": "anchor", "status": "OK",
+                 "timing": {"samples_s": s, "mode": "cold", "interleaved": True,
+                            "summary": stats.summarize(s).to_dict()}}
+                for name, s in (("anchor", [4 * TICK] * 300), ("work", _ticked(rng, work, n=300)))]
+        return {"schema": "microbench.result", "schema_version": 1, "fingerprint": {}, "records": recs,
+                "run": {"id": "r", "device": "cuda", "complete": True}}
+
+    row = compare.compare_runs(run({4: 0.8, 5: 0.2}), run({4: 0.2, 5: 0.8}), relative=True)["rows"][1]
+    assert row["label"] == "UNSURE" and row["lo"] <= 1.0, row

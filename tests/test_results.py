@@ -127,6 +127,8 @@ def _set(path, value):
     (_set("timing.summary.median", float("inf")), "timing has no positive median"),
     (_set("timing.summary.count", 0), "summary.count 0 is not a count"),
     (_set("timing.summary.rel_noise", float("nan")), "summary.rel_noise nan is not a number >= 0"),
+    (_set("timing.summary.tick", -1e-6), "summary.tick -1e-06 is not a finite number >= 0"),
+    (_set("timing.resolution_s", "fine"), "resolution_s 'fine' is not a finite number >= 0"),
     (_set("timing.passes", [1, 2]), "passes [1, 2] do not add up to its 2 samples"),
     (_set("timing.rotation", "two"), "rotation 'two' is not a count"),
     (_set("timing.rotations", [2, 2]), "rotations [2, 2] are not one count per pass"),

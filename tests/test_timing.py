@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from microbench.samplers import copies_for_cold_cache
+from microbench.stats import median_rel_noise
 from microbench.timing import (TimingOptions, measure, measure_interleaved, run_interleaved, run_until_stable,
                                stop_reason)
 
@@ -130,6 +132,45 @@ def test_a_place_in_the_round_that_runs_faster_does_not_make_a_verdict():
         assert compare_paired(a[::2], b[::2]).ratio == pytest.approx(0.97 * slower, rel=0.005)  # B second
 
 
+def _ticked_take(clock, tick, counts, rng):
+    """Samples on whole ticks (``counts``: ticks -> weight), as CUDA events give a µs call."""
+    ks, w = list(counts), np.array(list(counts.values()), dtype=float)
+
+    def take() -> float:
+        s = int(rng.choice(ks, p=w / w.sum())) * tick
+        clock.t += s + 100e-6  # the flush and spin around a cold sample
+        return s
+    return take
+
+
+def test_samples_on_a_few_tick_values_do_not_stop_on_noise():
+    """A ~4.3 µs kernel timed by 1.024 µs ticks: its samples fall on 4 and 5 ticks, the
+    order-statistic interval of the median collapses to width 0 at once, and the noise
+    rule used to stop it at 10 samples with "±0.00%". Half a tick is 12% of it: it runs to
+    its budget instead, and a 50-tick call, whose half-tick is 1%, stops on a 2% target."""
+    tick = 1.024e-6
+    opts = TimingOptions(min_samples=10, min_time_s=0.0, max_noise=0.005, budget_s=0.05)
+    clock = FakeClock()
+    samples, reason, _ = run_until_stable(_ticked_take(clock, tick, {4: 0.8, 5: 0.2}, np.random.default_rng(7)),
+                                          opts, clock)
+    assert reason == "budget" and len(samples) > 100
+    assert median_rel_noise(samples) == pytest.approx(0.5 / 4)
+    # all samples equal: the timer's resolution stands in for the tick they cannot show
+    clock = FakeClock()
+    samples, reason, _ = run_until_stable(_ticked_take(clock, tick, {4: 1.0}, np.random.default_rng(8)),
+                                          opts, clock, resolution=0.5e-6)
+    assert reason == "budget"
+    clock = FakeClock()
+    (a, b), reason, _ = run_interleaved([_ticked_take(clock, tick, {4: 0.8, 5: 0.2}, np.random.default_rng(9)),
+                                         _ticked_take(clock, tick, {4: 1.0}, np.random.default_rng(10))],
+                                        opts, clock, resolutions=[0.5e-6, 0.5e-6])
+    assert reason == "budget"
+    clock = FakeClock()
+    samples, reason, _ = run_until_stable(_ticked_take(clock, tick, {50: 0.8, 51: 0.2}, np.random.default_rng(11)),
+                                          replace(opts, max_noise=0.02), clock)
+    assert reason == "noise" and len(samples) == 10
+
+
 def test_bad_options_are_rejected():
     with pytest.raises(ValueError, match="mode"):
         TimingOptions(mode="warm")
@@ -146,6 +187,13 @@ def test_cpu_measure_real_function_keeps_raw_samples_and_stats():
     assert m.stop_reason in ("noise", "budget")
     d = m.to_dict()
     assert type(m).from_dict(d).samples_s == m.samples_s
+    # the timer's step per call, and the tick its samples show (ns / the calls of a sample)
+    assert m.resolution_s == pytest.approx(time.get_clock_info("perf_counter").resolution / m.batch)
+    assert 0 < m.summary.tick < 1e-3 * m.summary.median
+    # a measurement written before ticks were kept loads, their tick unknown
+    del d["resolution_s"], d["summary"]["tick"]
+    old = type(m).from_dict(d)
+    assert (old.resolution_s, old.summary.tick) == (0.0, 0.0) and old.summary.median == m.summary.median
 
 
 def test_cpu_cold_mode_flushes_and_times_one_call_per_sample():
