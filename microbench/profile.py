@@ -1,9 +1,20 @@
 """What one call costs the host, and how many GPU activities it launches (CUDA only).
 
-Used once per variant after its gate passes, for cases that ask (``Case.profile_calls``):
-the kernel count comes from the torch profiler (every CUDA activity the call puts on the
-device: kernels, memsets, copies), the host time is the wall time for the call to return
-without waiting for the GPU (the enqueue cost), averaged over a few calls.
+Used once per variant, after its point is timed, for cases that ask
+(``Case.profile_calls``): the host time is the wall time for the call to return without
+waiting for the GPU (the enqueue cost), averaged over a few calls; the kernel count comes
+from the torch profiler (every CUDA activity the call puts on the device: kernels,
+memsets, copies).
+
+A profiler session attaches CUPTI, which then intercepts every CUDA API call of the
+process until it is finalised. Kineto finalises it after a session only when
+TEARDOWN_CUPTI is 1 (newer Kineto builds make that the default from CUDA 12.6; older ones
+leave CUPTI attached for good, which slows launch-bound code by up to 10-20% for the rest
+of the process). So: the profile comes after the point's timing, never before it; the
+teardown is asked for where the CUDA build is one Kineto tears down reliably (12.6 on),
+unless the user set TEARDOWN_CUPTI; the teardown, which runs on Kineto's own thread at
+the next CUDA call, is given time to finish before the next session or timing starts;
+and records timed while CUPTI may still be attached say so (``attached_note``).
 """
 
 from __future__ import annotations
@@ -12,12 +23,6 @@ import os
 import time
 from typing import Any, Callable
 
-# Kineto tears CUPTI down after each profiler session when TEARDOWN_CUPTI is 1, and the
-# teardown runs asynchronously: a session started right after the last one can record no
-# GPU activity at all (a launch count of 0). One session per variant, back to back, is
-# exactly that pattern, so CUPTI stays up for the process unless the user says otherwise.
-os.environ.setdefault("TEARDOWN_CUPTI", "0")
-
 #: Calls averaged for the host time: few enough that the launch queue never fills.
 HOST_REPS = 5
 
@@ -25,21 +30,76 @@ HOST_REPS = 5
 #: with no device events at all, whatever the call launched; a second session is cheap.
 PROFILE_TRIES = 2
 
+#: Seconds given to Kineto's CUPTI teardown after a session (it starts at the first CUDA
+#: call after the session and runs on a thread of its own; a session started while it is
+#: still running can record nothing, and a timing started then would time it).
+SETTLE_S = 0.1
+
+#: CUDA builds from which Kineto tears CUPTI down reliably (with CUDA graphs in the process
+#: too): where newer Kineto turns teardown on by default.
+TEARDOWN_FROM_CUDA = (12, 6)
+
+#: The number of profiler sessions this process has run.
+_sessions = 0
+
+
+def _cuda_build() -> tuple[int, ...] | None:
+    import torch
+
+    try:
+        return tuple(int(x) for x in str(torch.version.cuda).split(".")[:2])
+    except (TypeError, ValueError):
+        return None
+
+
+def ask_for_teardown() -> str:
+    """Set TEARDOWN_CUPTI=1 unless the user set it or the CUDA build predates reliable
+    teardown; returns the value in force ("" for unset)."""
+    if "TEARDOWN_CUPTI" not in os.environ:
+        cuda = _cuda_build()
+        if cuda is not None and cuda >= TEARDOWN_FROM_CUDA:
+            os.environ["TEARDOWN_CUPTI"] = "1"
+    return os.environ.get("TEARDOWN_CUPTI", "")
+
+
+def attached_note() -> str | None:
+    """A note for a record timed now, when a profiler session ran earlier in this process
+    and CUPTI was not asked to detach after it; None otherwise."""
+    if not _sessions or os.environ.get("TEARDOWN_CUPTI") == "1":
+        return None
+    return (f"timed after {_sessions} profiler session(s) in this process with CUPTI left attached "
+            f"(TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI', 'unset')}): launch-bound times may read high")
+
+
+def _settle(torch: Any) -> None:
+    torch.cuda.synchronize()  # a CUDA call: Kineto's teardown, if pending, starts here
+    time.sleep(SETTLE_S)
+
 
 def profile_call(fn: Callable[[], Any]) -> dict[str, Any]:
     """``{"launches": int, "host_s": float}`` of ``fn`` (which launches GPU work) on the
     current CUDA device, ``profile_error`` in place of ``launches`` when the profiler is
-    unavailable or records nothing (never raises)."""
+    unavailable or records nothing (never raises). The host time is taken first, with no
+    profiler session in between."""
+    global _sessions
     import torch
 
     out: dict[str, Any] = {}
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(HOST_REPS):
+        fn()
+    out["host_s"] = (time.perf_counter() - t0) / HOST_REPS
+    torch.cuda.synchronize()
     try:
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
+        ask_for_teardown()
         launches = 0
         for _ in range(PROFILE_TRIES):
-            torch.cuda.synchronize()
+            _settle(torch)
+            _sessions += 1
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 fn()
                 torch.cuda.synchronize()
@@ -53,10 +113,5 @@ def profile_call(fn: Callable[[], Any]) -> dict[str, Any]:
                                     "(CUPTI did not attach): launches unknown")
     except Exception as e:  # noqa: BLE001 - a missing profiler costs the column, not the run
         out["profile_error"] = f"{type(e).__name__}: {e}"
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(HOST_REPS):
-        fn()
-    out["host_s"] = (time.perf_counter() - t0) / HOST_REPS
-    torch.cuda.synchronize()
+    _settle(torch)
     return out

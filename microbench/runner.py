@@ -23,9 +23,16 @@ from microbench.env import ClockSampler
 from microbench.gate import check_variant
 from microbench.outcome import agreed_outcome, agreed_reason, attempt, error_text, failure
 from microbench.pace import DEADLINE_NOTE, Pace
+from microbench.profile import attached_note as cupti_note
+from microbench.profile import profile_call
 from microbench.results import ResultWriter
 from microbench.samplers import free_cached_memory
 from microbench.timing import Measurement, TimingOptions, measure, measure_interleaved
+
+
+def _profiles(device: str) -> bool:
+    """Whether ``Case.profile_calls`` profiles on ``device`` (the torch profiler's CUDA trace)."""
+    return device.startswith("cuda")
 
 
 @dataclass
@@ -171,6 +178,7 @@ class Runner:
         recs: dict[str, dict[str, Any]] = {}
         ready: list[tuple[Variant, list[Callable[[], Any]]]] = []
         notes: dict[str, str | None] = {}
+        profiled: dict[str, Callable[[], Any]] = {}  # the calls to profile once the point is timed
         variants = [v for v in case.variants() if not o.variants or v.name in o.variants]
         for v in variants:
             why = agreed_reason(world, f"{case.id} {v.name} skip", variant_skip(case, v, point, dev))
@@ -202,14 +210,8 @@ class Runner:
                                        prep_s=time.perf_counter() - t0, **base)
                 continue
 
-            def prepare() -> tuple[list[Callable[[], Any]], str | None]:  # the launch profile, the timed copies
-                if case.profile_calls and dev.startswith("cuda"):
-                    from microbench.profile import profile_call
-
-                    base["profile"] = profile_call(functools.partial(v.fn, **w.kwargs()))
-                return w.timed_calls(v.fn, mode, o.cache_bytes)
-
-            prepared, outcome = attempt(world, f"{case.id} {v.name} timing set-up", dev, prepare)
+            prepared, outcome = attempt(world, f"{case.id} {v.name} timing set-up", dev,
+                                        functools.partial(w.timed_calls, v.fn, mode, o.cache_bytes))
             if outcome["error"]:  # e.g. no memory left for the input copies a cold cache needs
                 recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=outcome["error"],
                                        traceback=outcome.get("traceback"), prep_s=time.perf_counter() - t0, **base)
@@ -217,6 +219,8 @@ class Runner:
             calls, notes[v.name] = prepared
             recs[v.name] = _record(case, point, v.name, dev, "OK", prep_s=time.perf_counter() - t0, **base)
             ready.append((v, calls))
+            if case.profile_calls and _profiles(dev):
+                profiled[v.name] = functools.partial(v.fn, **w.kwargs())
         clocks = None
         if ready:
             before = probe.measure_probe(dev, o.cache_bytes) if o.probe else None
@@ -224,17 +228,20 @@ class Runner:
                 measured = self._time(ready, dev, timing, recs, world)
             clocks = sampler.result()
             env_probe = probe.pool(before, probe.measure_probe(dev, o.cache_bytes)) if before else None
+            attached = cupti_note() if _profiles(dev) else None
             for v, m in measured.items():
                 r = recs[v]
                 r["timing"], r["clocks"], r["probe"] = m.to_dict(), clocks, env_probe
-                if notes.get(v):
-                    r["timing"]["notes"].append(notes[v])
+                r["timing"]["notes"] += [n for n in (notes.get(v), attached) if n]
                 r["timing"]["interleaved"] = o.interleave and len(measured) > 1
                 if cut:
                     r["timing"]["budget_s"] = timing.budget_s
                     r["timing"]["notes"].append(DEADLINE_NOTE)
                 self._floor(r)
             self._vs_baseline(case, recs)
+        for name, call in profiled.items():  # after the timing: a profiler session never precedes it
+            if recs[name]["status"] == "OK":
+                recs[name]["profile"] = profile_call(call)
         out = [recs[v.name] for v in variants if v.name in recs]
         self._update_ceilings(case, out)
         return out

@@ -256,6 +256,7 @@ def test_a_profile_that_records_no_gpu_activity_is_retried_then_says_so_instead_
         return session
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
     monkeypatch.setattr(torch.profiler, "profile", profile([0, 0, 3]))
     out = profile_call(lambda: torch.ones(8) + 1)
     assert "launches" not in out and "no GPU activity in 2 sessions" in out["profile_error"] and out["host_s"] > 0
@@ -263,6 +264,54 @@ def test_a_profile_that_records_no_gpu_activity_is_retried_then_says_so_instead_
     sessions.clear()
     monkeypatch.setattr(torch.profiler, "profile", profile([0, 3]))  # an empty first trace is tried again
     assert profile_call(lambda: torch.ones(8) + 1)["launches"] == 3 and sessions == [0, 3]
+
+
+def test_the_launch_profile_comes_after_the_points_timing_and_a_left_attached_cupti_is_noted(monkeypatch):
+    from microbench import runner
+
+    case = Scaled()
+    case.profile_calls = True
+    timed: list[str] = []  # "timing" once a variant's measurement ends, "profile" at each profile
+    measure = runner.measure
+
+    def measuring(*a, **kw):
+        m = measure(*a, **kw)
+        timed.append("timing")
+        return m
+
+    monkeypatch.setattr(runner, "_profiles", lambda dev: True)  # as on CUDA
+    monkeypatch.setattr(runner, "measure", measuring)
+    monkeypatch.setattr(runner, "profile_call", lambda fn: (timed.append("profile"), fn(), {"launches": 3})[-1])
+    monkeypatch.setattr(runner, "cupti_note", lambda: "CUPTI left attached (test)")
+    recs, _ = _run(case, variants=["base", "other"], axis_picks={"n": ["32"]})
+    assert timed == ["timing", "timing", "profile", "profile"]  # both variants timed before either profile
+    assert [r["profile"] for r in recs] == [{"launches": 3}] * 2
+    assert all("CUPTI left attached (test)" in r["timing"]["notes"] for r in recs)
+    monkeypatch.setattr(runner, "cupti_note", lambda: None)
+    recs, _ = _run(Scaled(), variants=["base"], axis_picks={"n": ["32"]})  # a case that does not profile
+    assert "profile" not in recs[0] and not any("CUPTI" in n for n in recs[0]["timing"]["notes"])
+
+
+def test_cupti_is_asked_to_detach_after_a_profile_where_the_cuda_build_allows_and_the_user_did_not_say(
+        monkeypatch):
+    import torch
+
+    from microbench import profile
+
+    for cuda, user, want in (("13.0", None, "1"), ("12.6", None, "1"), ("12.4", None, ""), (None, None, ""),
+                             ("13.0", "0", "0")):
+        monkeypatch.setattr(torch.version, "cuda", cuda)
+        if user is None:
+            monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+        else:
+            monkeypatch.setenv("TEARDOWN_CUPTI", user)
+        assert profile.ask_for_teardown() == want, (cuda, user)
+    monkeypatch.setattr(profile, "_sessions", 0)
+    assert profile.attached_note() is None  # no session yet: nothing attached
+    monkeypatch.setattr(profile, "_sessions", 2)
+    assert "2 profiler session(s)" in profile.attached_note() and "TEARDOWN_CUPTI=0" in profile.attached_note()
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    assert profile.attached_note() is None
 
 
 def test_a_cases_summary_lines_are_kept_in_the_file_and_printed_under_its_table(tmp_path):
