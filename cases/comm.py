@@ -17,7 +17,10 @@ rank checks the exact sum; any element off is counted in ``#wrong`` (summed over
 and the variant is FAILED, not timed. At world size 1 the sum is the input itself, so
 an in-place path that did nothing would pass: the check has teeth from two ranks up.
 There NCCL itself does nothing in place (out of place it copies), so the NCCL paths'
-in-place graph rows are skipped as empty; their eager rows time the call alone.
+in-place graph rows are skipped as empty; their eager rows time the call alone. And
+``torch-oop`` copies the input into its fresh output itself, then sums that in place:
+over one rank its row is mostly that copy, not NCCL's out-of-place sum (its records carry
+a timing note saying so).
 
 The table is nccl-tests': size, count, type, redop, then per placement time, algbw
 (size / time) and busbw (algbw x 2(n-1)/n), #wrong; the time is the slowest rank's per
@@ -31,6 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from microbench import distributed
 from microbench.case import Case, Cost, Point, Variant, Workload
 from microbench.cases.common import DTYPES, model, on_cuda
 
@@ -47,21 +51,14 @@ PATHS = (
 PLACEMENTS = {"ip": "in-place", "oop": "out-of-place"}
 #: the paths that call NCCL itself (over one rank its in-place sum is a no-op)
 NCCL_PATHS = ("torch", "cupy")
+#: on a torch-oop record at world size 1 (see the module docstring)
+ONE_RANK_COPY_NOTE = ("world size 1: torch-oop copies its input into a fresh output, then sums that in place, "
+                      "which over one rank does nothing: this time is mostly the copy, not an out-of-place allreduce")
 
 #: nccl-tests' default sweep: x2 from 8 B to 64 MiB (24 sizes)
 SWEEP_BYTES = [8 << k for k in range(24)]
 _UNITS = {"": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "B": 1}
-
-
-def _fn(name: str):
-    def call(x, group):
-        from microbench.kernels import allreduce
-
-        return getattr(allreduce, name)(x, group)
-
-    call.__name__ = name
-    return call
 
 
 def parse_bytes(text: str, element_size: int = 2) -> int:
@@ -77,6 +74,18 @@ def parse_bytes(text: str, element_size: int = 2) -> int:
 
 
 _symm_setup: dict[tuple, str | None] = {}
+
+
+def _release() -> None:
+    """The world's process groups are about to be destroyed: forget what was kept for them,
+    here (set-up answers) and in the kernels (communicators, symmetric buffers)."""
+    from microbench.kernels import allreduce
+
+    _symm_setup.clear()
+    allreduce.release()
+
+
+distributed.on_destroy(_release)
 
 
 def _symm_setup_error(group: Any, device: str) -> str | None:
@@ -108,13 +117,19 @@ class _AllReduce(Case):
     tolerances = {"fp32": (0.0, 0.0), "fp16": (0.0, 0.0), "bf16": (0.0, 0.0)}
 
     def variants(self) -> Sequence[Variant]:
+        # Each variant is the kernel function itself, resolved here, not a wrapper that looks
+        # it up per call: the timed call is the path alone (an import and a getattr per call
+        # are ~1 µs, much of a one-rank eager allreduce). Importing the module this early is
+        # safe: it is torch.distributed alone, no Triton kernel that the device choice decides.
+        from microbench.kernels import allreduce
+
         out = []
         for path, ip, oop, doc in PATHS:
             devices = ("cuda", "cpu") if path == "torch" else ("cuda",)
-            out.append(Variant(f"{path}-ip", _fn(ip), doc=f"{doc}; in place", devices=devices,
+            out.append(Variant(f"{path}-ip", getattr(allreduce, ip), doc=f"{doc}; in place", devices=devices,
                                tags={"path": path, "placement": "in-place"}))
-            out.append(Variant(f"{path}-oop", _fn(oop), doc=f"{doc}; out of place (a fresh output)", devices=devices,
-                               tags={"path": path, "placement": "out-of-place"}))
+            out.append(Variant(f"{path}-oop", getattr(allreduce, oop), doc=f"{doc}; out of place (a fresh output)",
+                               devices=devices, tags={"path": path, "placement": "out-of-place"}))
         return out
 
     def signature(self) -> str:
@@ -157,15 +172,19 @@ class _AllReduce(Case):
 
         kind = "cuda" if on_cuda(device) else "cpu"
         path, _, placement = variant.rpartition("-")
-        world = dist.get_world_size() if dist.is_initialized() else None
+        # the world's size, or (planning a run that starts its world of one later) the size it will have
+        world = distributed.world_size()
+        group = dist.group.WORLD if dist.is_initialized() else None
         reason = None
         if path == "cupy":
-            reason = allreduce.cupy_unavailable(kind)
+            reason = (allreduce.cupy_unavailable(kind)
+                      or (allreduce.CupyNccl.failed(group) if group is not None else None))
         elif path in ("oneshot", "twoshot"):
             count, dtype = self._count(point)
+            # the set-up is tried only on a world that exists, never while planning
             reason = (allreduce.symm_unavailable(kind, path)
                       or allreduce.symm_unsupported(path, count * dtype.itemsize, dtype, world)
-                      or (_symm_setup_error(dist.group.WORLD, device) if world == 1 else None))
+                      or (_symm_setup_error(group, device) if world == 1 and group is not None else None))
         if reason is None and path in NCCL_PATHS and placement == "ip" and world == 1 and point["capture"] == "graph":
             # NCCL's one-rank path: out of place a copy, in place nothing at all
             reason = ("world size 1: NCCL's in-place sum over one rank launches no work, so its graph "
@@ -193,6 +212,15 @@ class _AllReduce(Case):
 
         m = w.meta
         return {"out": allreduce_ref(m["count"], m["world"], m["seed"], m["dtype"], str(w.inputs["x"].device))}
+
+    def derive(self, records: Sequence[dict[str, Any]]) -> None:
+        """A torch-oop time at world size 1 says what it is: mostly a copy (see the module docstring)."""
+        for r in records:
+            if r["variant"] != "torch-oop" or r["status"] != "OK" or (r.get("facts") or {}).get("world_size") != 1:
+                continue
+            notes = r["timing"].setdefault("notes", [])
+            if ONE_RANK_COPY_NOTE not in notes:
+                notes.append(ONE_RANK_COPY_NOTE)
 
 
 class AllReduceCase(_AllReduce):

@@ -6,7 +6,8 @@ Every layer of the model ends its attention and its MoE with a sum over the TP r
 ``torch``   ``torch.distributed.all_reduce`` on the process group (NCCL on GPUs, gloo on
             CPU). In place: the activation is reduced where it lies. Out of place, as
             functional collectives (the torch.compile path) do it: a fresh output, the
-            input copied in, the copy reduced in place.
+            input copied in, the copy reduced in place. Over one rank that in-place sum
+            does nothing, so the out-of-place call is mostly its own copy.
 ``cupy``    a pynccl-style communicator: NCCL called directly through
             ``cupy.cuda.nccl`` on torch's current stream, with no process-group machinery
             in between (what servers use inside CUDA graphs). In place: one pointer as send
@@ -22,7 +23,9 @@ path's cost, so it is inside the timed call here too). The result is written str
 into the activation (in place) or into a fresh tensor (out of place).
 
 Availability is explicit: ``*_unavailable(device)`` returns a reason (CuPy missing, no
-NCCL in CuPy, CUDA needed, the installed torch lacks the op) or None.
+NCCL in CuPy, CUDA needed, the installed torch lacks the op) or None; a CuPy communicator
+that could not be made says why through :meth:`CupyNccl.failed`, and is not tried again.
+What is kept per process group goes with :func:`release`, before the group is destroyed.
 
 The kernels know nothing of the harness; the process group is an argument.
 """
@@ -95,6 +98,12 @@ def torch_outplace(x: torch.Tensor, group: Any) -> torch.Tensor:
 # --------------------------------------------------------------------------- CuPy NCCL
 
 
+def _error(e: BaseException) -> str:
+    """``Type: first line``: a reason on one line."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
 @functools.lru_cache(maxsize=None)
 def cupy_unavailable(device_kind: str) -> str | None:
     """Why the CuPy NCCL path cannot run on this kind of device, or None."""
@@ -107,9 +116,14 @@ def cupy_unavailable(device_kind: str) -> str | None:
     try:
         from cupy.cuda import nccl
 
+        # CuPy without an NCCL it can load still imports the module, with available False
+        # and none of its functions (calling one would read as an AttributeError)
+        if not getattr(nccl, "available", True):
+            return ("CuPy's NCCL binding is not available (cupy.cuda.nccl.available is False: "
+                    "CuPy found no NCCL library it could load)")
         nccl.get_version()
     except Exception as e:  # noqa: BLE001
-        return f"CuPy has no usable NCCL ({type(e).__name__}: {e})"
+        return f"CuPy has no usable NCCL ({_error(e)})"
     return None
 
 
@@ -122,9 +136,14 @@ _NCCL_TYPES = {torch.float16: ("NCCL_FLOAT16", 6), torch.float32: ("NCCL_FLOAT32
 class CupyNccl:
     """One NCCL communicator per process group, built on CuPy, used on torch's stream.
 
-    The unique id is made on the group's rank 0 and broadcast through the group itself."""
+    The unique id is made on the group's rank 0 and broadcast through the group itself.
+    One that could not be made is not tried again: its error is kept instead, so later
+    points skip at once rather than each repeat the broadcast and ncclCommInitRank (on
+    several ranks, a rank retrying alone would wait in a broadcast its peers, holding their
+    communicator, never send)."""
 
-    _by_group: dict[int, "CupyNccl"] = {}
+    #: id(group) -> its communicator, or why it could not be made
+    _by_group: dict[int, "CupyNccl | str"] = {}
 
     def __init__(self, group: Any):
         from cupy.cuda import nccl
@@ -139,8 +158,21 @@ class CupyNccl:
     def for_group(cls, group: Any) -> "CupyNccl":
         key = id(group)
         if key not in cls._by_group:
-            cls._by_group[key] = cls(group)
-        return cls._by_group[key]
+            try:
+                cls._by_group[key] = cls(group)
+            except Exception as e:
+                cls._by_group[key] = f"the CuPy NCCL communicator could not be made ({_error(e)})"
+                raise
+        have = cls._by_group[key]
+        if isinstance(have, str):
+            raise RuntimeError(have)
+        return have
+
+    @classmethod
+    def failed(cls, group: Any) -> str | None:
+        """Why ``group``'s communicator could not be made, once that was tried; else None."""
+        have = cls._by_group.get(id(group))
+        return have if isinstance(have, str) else None
 
     def all_reduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if x.dtype not in _NCCL_TYPES:
@@ -242,6 +274,18 @@ def symm_try(group: Any, device: str) -> None:
     x = torch.ones(64, dtype=torch.float32, device=device)
     _symm("oneshot", x, group, torch.empty_like(x))
     torch.cuda.synchronize(x.device)
+
+
+def release() -> None:
+    """Drop every communicator (destroyed) and symmetric buffer kept here: call before the
+    process group they were made for is destroyed. They are kept by ``id(group)``, which
+    outlives the group (a later group may get the same id and be handed a dead
+    communicator), and a communicator holds NCCL's buffers and threads until destroyed."""
+    comms = [c for c in CupyNccl._by_group.values() if isinstance(c, CupyNccl)]
+    CupyNccl._by_group.clear()
+    SymmBuffer._by_key.clear()
+    for c in comms:
+        c.comm.destroy()
 
 
 def oneshot_inplace(x: torch.Tensor, group: Any) -> torch.Tensor:

@@ -263,7 +263,6 @@ def cmd_run(a: argparse.Namespace) -> int:
     kind = "cuda" if device.startswith("cuda") else "cpu"
     multi = [c for c in cases if c.distributed and (not variants or any(v.name in variants for v in c.variants()))]
     nproc = default_nproc(a, device)
-    world, no_world = None, None
     if multi:
         try:
             distributed.check_backend(a.backend, kind)
@@ -271,29 +270,27 @@ def cmd_run(a: argparse.Namespace) -> int:
             if nproc > 1 and ":" in device:
                 raise distributed.WorldError(f"--device {device} names one GPU; with --nproc {nproc} rank i "
                                              f"takes cuda:i (use --device cuda)")
-            if nproc == 1:
-                world = distributed.init_world(device, a.backend, a.dist_timeout)
         except distributed.WorldError as e:
             raise UsageError(str(e)) from None
-        except Exception as e:  # noqa: BLE001 - the process group failed to start: the other cases still run
-            no_world = f"the one-rank process group did not start ({type(e).__name__}: {e})"
-            print(f"microbench run: {no_world}; its cases are SKIPPED", file=sys.stderr)
-    here = [c for c in cases if not c.distributed or (nproc == 1 and c in multi and not no_world)]
+    # --nproc 1: the multi-rank cases run here, last, on a world of one that the runner starts
+    # just before their first point, with the result file open and every other case timed:
+    # a hang or a fault in its device work (the communicator, a symmetric-memory probe) then
+    # costs only their points. Until then the plan counts their variants at that world's size.
+    solo = bool(multi) and nproc == 1
+    here = [c for c in cases if not c.distributed or (solo and c in multi)]
 
     from microbench import env, report
     from microbench.runner import Runner
 
-    opts = run_options(a, suite, device, variants, world)
+    opts = run_options(a, suite, device, variants)
     p = make_plan(here, opts, cases)
-    if no_world:  # each of their points a SKIPPED record with the reason, not a missing case
-        pm = make_plan(multi, opts, cases)
-        p.skipped += [(c, pt, no_world) for c, pt in pm.items] + pm.skipped
     if multi and nproc > 1:
         make_plan(multi, opts, cases)  # bad axis values fail here, in one line, not on every rank
     from microbench.cli_plan import duration_text
     from microbench.runner import planned_runs
 
-    n_var, _ = planned_runs(p, variants, device)
+    with distributed.expecting(1 if solo else None):
+        n_var, _ = planned_runs(p, variants, device)
     if p.n_points or not multi or nproc == 1:
         bound = n_var * opts.repeat * opts.timing.budget_s
         print(f"microbench run: suite {suite} on {device}: {len(p.items)} points ({n_var} variant runs)"
@@ -304,12 +301,19 @@ def cmd_run(a: argparse.Namespace) -> int:
               + (f", then {len(multi)} multi-rank case(s) on {nproc} ranks" if multi and nproc > 1 else ""),
               file=sys.stderr)
     writer = open_writer(a.out, run_meta(a, opts, cases), env.fingerprint(device))
-    if world is not None:
+    world = None
+
+    def start_world():  # the runner's, just before the first multi-rank point
+        nonlocal world
+        world = distributed.init_world(device, a.backend, a.dist_timeout)
         writer.doc["run"]["world"] = world.describe()
-    runner = Runner(opts, writer)
+        return world
+
+    runner = Runner(opts, writer, start_world=start_world if solo else None)
     rc = 0
     try:
-        runner.run(p)
+        with distributed.expecting(1 if solo else None):
+            runner.run(p)
         if multi and nproc > 1:
             from microbench.ranks import run_on_ranks
 
@@ -322,19 +326,31 @@ def cmd_run(a: argparse.Namespace) -> int:
     except BaseException as e:  # a crash outside any case: the points finished so far stay on disk
         writer.close(complete=False, error=f"{type(e).__name__}: {e}")
         raise
-    finally:
-        if world is not None:
-            world.close()
-    if rc:
-        path = writer.close(complete=False, error=f"the {nproc}-rank run exited with status {rc}")
+    else:
+        if rc:
+            path = writer.close(complete=False, error=f"the {nproc}-rank run exited with status {rc}")
+            print(report.render(writer.doc, a.format), end="")
+            print(f"results (incomplete): {path}", file=sys.stderr)
+            return 1
+        path = writer.close(complete=True)
         print(report.render(writer.doc, a.format), end="")
-        print(f"results (incomplete): {path}", file=sys.stderr)
-        return 1
-    path = writer.close(complete=True)
-    print(report.render(writer.doc, a.format), end="")
-    print_targets("run", writer.doc, a.format, path)
-    print(f"results: {path}", file=sys.stderr)
-    return 0
+        print_targets("run", writer.doc, a.format, path)
+        print(f"results: {path}", file=sys.stderr)
+        return 0
+    finally:  # the file closed first, whatever happened: leaving the world cannot cost it
+        _leave(world)
+
+
+def _leave(world: Any) -> None:
+    """Leave the one-rank world, after the result file is closed; a process group that fails
+    to close (an NCCL teardown fault) is a warning, the results being already kept."""
+    if world is None:
+        return
+    try:
+        world.close()
+    except Exception as e:  # noqa: BLE001
+        print(f"microbench run: warning: closing the process group failed ({type(e).__name__}: {e}); "
+              f"the result file was closed before it, as it stands", file=sys.stderr)
 
 
 def print_targets(command: str, doc: dict[str, Any], fmt: str, path: str, also: str | None = None) -> None:

@@ -26,6 +26,7 @@ Three things make the ranks measure one thing together:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 #: Exit status of a rank that stops because another rank failed or was lost.
 EXIT_RANK_FAILED = 3
@@ -45,6 +46,46 @@ DEFAULT_TIMEOUT_S = 120.0
 
 class WorldError(Exception):
     """The ranks cannot be set up as asked (bad backend, too few devices): the user's input."""
+
+
+#: Callbacks that drop what is kept per process group (a communicator, symmetric buffers, a
+#: set-up probe's answer), called by :meth:`World.close` just before it destroys the group:
+#: that state is keyed by ``id(group)``, which outlives the group and may become a later one's.
+_on_destroy: list[Callable[[], None]] = []
+
+
+def on_destroy(fn: Callable[[], None]) -> None:
+    """Have ``fn()`` drop this process's per-group state before a World destroys its groups."""
+    if fn not in _on_destroy:
+        _on_destroy.append(fn)
+
+
+#: The size of the world a run will start only later (:func:`expecting`), else None.
+_expected: int | None = None
+
+
+@contextlib.contextmanager
+def expecting(size: int | None) -> Iterator[None]:
+    """While a run plans and paces multi-rank cases on a world it starts only later (``run
+    --nproc 1``: after the single-rank cases), :func:`world_size` reads ``size``, so their
+    skips that hang on it (an NCCL graph that is empty at one rank, a kernel built for 2, 4
+    or 8 ranks) count in the plan and its pacing before the world exists."""
+    global _expected
+    before, _expected = _expected, size
+    try:
+        yield
+    finally:
+        _expected = before
+
+
+def world_size() -> int | None:
+    """The multi-rank cases' world size: the process group's, else that of the world a run
+    is :func:`expecting`, else None (not known: a plan with no world)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return _expected
 
 
 def launched() -> bool:
@@ -151,11 +192,18 @@ class World:
         os._exit(EXIT_RANK_FAILED)
 
     def close(self) -> None:
-        """Leave the process group (after a final agreement, so no rank leaves early)."""
+        """Leave the process group (after a final agreement, so no rank leaves early); what
+        was kept per group (:func:`on_destroy`) is dropped first, while the group still exists."""
         import torch.distributed as dist
 
         self.agree("close", None)
         if self._owns and dist.is_initialized():
+            for fn in _on_destroy:
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 - a communicator that fails to go must not keep the group
+                    print(f"microbench: rank {self.rank}: releasing per-group state failed "
+                          f"({type(e).__name__}: {e})", file=sys.stderr)
             dist.destroy_process_group()
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -110,14 +110,20 @@ def _record(case: Case, point: Point, variant: str, device: str, status: str, **
 
 
 class Runner:
-    """Runs a plan into a :class:`ResultWriter`, printing one progress line per point."""
+    """Runs a plan into a :class:`ResultWriter`, printing one progress line per point.
 
-    def __init__(self, opts: RunOptions, writer: ResultWriter | None, progress: Callable[[str], None] | None = None):
+    ``start_world`` (with no ``opts.world``): starts the world the multi-rank cases run on
+    and returns it, called once, just before their first point (see :meth:`_start_world`)."""
+
+    def __init__(self, opts: RunOptions, writer: ResultWriter | None, progress: Callable[[str], None] | None = None,
+                 start_world: Callable[[], Any] | None = None):
         self.opts = opts
         self.writer = writer
         self.progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
         self.records: list[dict[str, Any]] = []
         self.ceilings: dict[str, dict] = {}
+        self.start_world = start_world
+        self.no_world: str | None = None  # why the world did not start: its points are SKIPPED
 
     # ------------------------------------------------------------------ ceilings / floors
 
@@ -299,43 +305,71 @@ class Runner:
 
     def run(self, p: Plan) -> list[dict[str, Any]]:
         """Run every point; with ``repeat`` R > 1, R passes over the whole plan, each point's
-        samples pooled across passes (so they span the run's duration, not one moment)."""
+        samples pooled across passes (so they span the run's duration, not one moment). The
+        single-rank points' passes come first, then the multi-rank points' (the plan's own
+        order where its points are all of one kind)."""
         for case, point, reason in p.skipped:
-            recs = [_record(case, point, v.name, self.opts.device, "SKIPPED", reason=reason) for v in case.variants()
-                    if not self.opts.variants or v.name in self.opts.variants]
-            self._keep(recs)
+            self._keep(self._skipped(case, point, reason))
         total, passes = len(p.items), max(1, self.opts.repeat)
-        kept: list[list[dict[str, Any]]] = []
+        parts = ([i for i, (case, _) in enumerate(p.items) if not case.distributed],
+                 [i for i, (case, _) in enumerate(p.items) if case.distributed])
+        order = [(k, i) for part in parts for k in range(passes) for i in part]
+        kept: dict[int, list[dict[str, Any]]] = {}
         t0 = time.perf_counter()
-        pace = Pace(self.opts, [n for _ in range(passes) for n in _runs_per_point(p, self.opts)])
-        for k in range(passes):
-            for i, (case, point) in enumerate(p.items):
-                tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
-                budget = pace.budget()
-                if case.distributed and self.opts.world is not None and self.opts.world.size > 1 and budget:
-                    budget = min(self.opts.world.agree("deadline budget", budget))  # lock step needs one rule
-                cut = f" (budget {budget:.3g} s: --deadline-s)" if budget and budget < self.opts.timing.budget_s else ""
-                self.progress(f"[{i + 1}/{total}]{tag} {case.id} {point_label(point)}{cut}")
+        runs = _runs_per_point(p, self.opts)
+        pace = Pace(self.opts, [runs[i] for _, i in order])
+        for k, i in order:
+            case, point = p.items[i]
+            if case.distributed and self.start_world is not None:
+                self._start_world()
+            tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
+            budget = pace.budget()
+            if case.distributed and self.opts.world is not None and self.opts.world.size > 1 and budget:
+                budget = min(self.opts.world.agree("deadline budget", budget))  # lock step needs one rule
+            cut = f" (budget {budget:.3g} s: --deadline-s)" if budget and budget < self.opts.timing.budget_s else ""
+            self.progress(f"[{i + 1}/{total}]{tag} {case.id} {point_label(point)}{cut}")
+            if case.distributed and self.no_world:
+                recs = self._skipped(case, point, self.no_world)
+            else:
                 recs = self.run_point(case, point, budget)
-                pace.done(recs)
-                if k == 0:
-                    kept.append(recs)
-                    self._keep(recs)
-                else:
-                    _merge_pass(kept[i], recs, k)
-                    for r in kept[i]:
-                        if r["status"] == "OK":
-                            self._floor(r)
-                    self._vs_baseline(case, {r["variant"]: r for r in kept[i]})
-                    self._keep([])
+            pace.done(recs)
+            if k == 0:
+                kept[i] = recs
+                self._keep(recs)
+            else:
+                _merge_pass(kept[i], recs, k)
                 for r in kept[i]:
-                    self.progress("    " + progress_text(r))
+                    if r["status"] == "OK":
+                        self._floor(r)
+                self._vs_baseline(case, {r["variant"]: r for r in kept[i]})
+                self._keep([])
+            for r in kept[i]:
+                self.progress("    " + progress_text(r))
         if total:
-            self.progress(time_split_text([r for recs in kept for r in recs], time.perf_counter() - t0))
+            self.progress(time_split_text([r for recs in kept.values() for r in recs], time.perf_counter() - t0))
             if pace.cut_points:
                 self.progress(pace.summary())
         self._derive(p)
         return self.records
+
+    def _start_world(self) -> None:
+        """Start the multi-rank cases' world (``start_world``), once, just before their first
+        point: every single-rank point is timed by then and forced to disk first, so a hang
+        or a crash in the world's device work (its communicator, a symmetric-memory probe at
+        the first point) can cost only the multi-rank points. A world that does not start
+        skips them, with its error."""
+        start, self.start_world = self.start_world, None
+        if self.writer is not None:
+            self.writer.flush(force=True)
+        try:
+            self.opts = replace(self.opts, world=start())
+        except Exception as e:  # noqa: BLE001 - an NCCL or driver fault: the other cases are done, these skip
+            self.no_world = f"the process group did not start ({error_text(e)})"
+            self.progress(f"{self.no_world}; the multi-rank cases are SKIPPED")
+
+    def _skipped(self, case: Case, point: Point, reason: str) -> list[dict[str, Any]]:
+        return [_record(case, point, v.name, self.opts.device, "SKIPPED", reason=reason) for v in case.variants()
+                if not self.opts.variants or v.name in self.opts.variants]
 
     def _derive(self, p: Plan) -> None:
         by_case: dict[str, list[dict[str, Any]]] = {}
