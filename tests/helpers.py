@@ -53,3 +53,30 @@ class Scaled(Case):
 
     def reference(self, w):
         return {"c": w.inputs["a"].double() @ w.inputs["b"].double()}
+
+
+#: The contexts of a 16-request verify batch at Kimi-K2.5 TP8 shapes, from empty to 16K:
+#: where the prefix is short the draft tokens carry much of the attention, so their mask
+#: moves the outputs by O(1). At a 16K context alone it moves them by under 1e-3, and a
+#: kernel that ignored the mask would pass a bf16 check there.
+KIMI_MIXED_PREFIXES = (0, 1, 3, 17, 63, 64, 65, 127, 200, 511, 1000, 1500, 3000, 4095, 8191, 16384)
+
+
+def kimi_tree_inputs(dtype: torch.dtype, seed: int, atol: float):
+    """16 requests of 4 tokens (3 drafts + 1) under random tree masks, 8 heads, 64-token
+    pages, over ``KIMI_MIXED_PREFIXES``; checked to be inputs where the same tokens under
+    the causal mask give outputs more than 10 x ``atol`` away (so a test at ``atol`` can
+    tell the tree from causal)."""
+    from microbench.cases.mla_inputs import make_mla_inputs
+    from microbench.kernels.reference import mla_attention_ref
+
+    def inputs(tree):  # the same values either way: they are drawn before the masks
+        return make_mla_inputs([4] * len(KIMI_MIXED_PREFIXES), list(KIMI_MIXED_PREFIXES), heads=8, page_size=64,
+                               dtype=dtype, device=DEVICE, seed=seed, tree=tree)
+
+    x, causal = inputs(True), inputs(False)
+    assert torch.equal(x.q, causal.q) and torch.equal(x.kv_cache, causal.kv_cache)
+    moved = (mla_attention_ref(x.q, x.kv_new, x.kv_cache, x.plan)
+             - mla_attention_ref(causal.q, causal.kv_new, causal.kv_cache, causal.plan)).abs().max().item()
+    assert moved > 10 * atol, f"the tree mask moves the outputs by only {moved:.2e}: no test of it at atol {atol}"
+    return x

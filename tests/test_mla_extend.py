@@ -21,6 +21,8 @@ from microbench.kernels.mla_common import HEAD_DIM, KV_LORA_RANK, mla_cost, plan
 from microbench.kernels.mla_extend import BLOCK_M, BLOCK_N, extend_kv_reads, extend_tile, mla_extend
 from microbench.kernels.reference import mla_attention_ref
 
+from .helpers import kimi_tree_inputs
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp16 operands (11-bit significand) and p rounded to fp16 before p @ v put ~1e-3 relative
 # error on outputs of size ~0.1-1 against the fp32 reference; 2e-2 leaves a 10x margin and
@@ -153,8 +155,9 @@ def test_bad_input_is_named():
     pytest.param(16, True, marks=[pytest.mark.gpu]),
 ])
 def test_bf16_at_kimi_shapes(batch, tree):
-    # per rank at TP8: 8 heads, 3 draft tokens + 1, a 16K context in 64-token pages
+    # per rank at TP8: 8 heads, 3 draft tokens + 1, in 64-token pages; causal at a 16K
+    # context, tree masks over contexts from 0 to 16K (where a mask shows: kimi_tree_inputs)
     dtype, atol, rtol = BF16
-    x = make_mla_inputs([4] * batch, [16384] * batch, heads=8, page_size=64, dtype=dtype, device=DEVICE,
-                        seed=batch, tree=tree)
+    x = (kimi_tree_inputs(dtype, seed=batch, atol=atol) if tree else
+         make_mla_inputs([4] * batch, [16384] * batch, heads=8, page_size=64, dtype=dtype, device=DEVICE, seed=batch))
     _run(x, dtype, atol, rtol)

@@ -15,6 +15,8 @@ from microbench.kernels.mla_verify import (MAX_BLOCK_M, MAX_SPLITS, MIN_SPLIT_KE
                                            verify_num_splits, verify_tile)
 from microbench.kernels.reference import mla_attention_ref
 
+from .helpers import kimi_tree_inputs
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp16 operands (11-bit significand) and p rounded to fp16 before p @ v put ~1e-3 relative
 # error on outputs of size ~0.1-1 against the fp32 reference (the CPU runs here stay under
@@ -168,15 +170,23 @@ def test_bad_input_is_named():
         mla_verify(x.q.to(torch.int16), x.kv_new.to(torch.int16), x.kv_cache.to(torch.int16), x.plan)
 
 
+def test_the_gpu_tests_tree_batch_tells_a_tree_from_causal():
+    # the bf16 check below can fail a kernel that applied the causal mask in place of the
+    # tree (kimi_tree_inputs asserts it; at a 16K context alone it could not)
+    x = kimi_tree_inputs(BF16[0], seed=16, atol=BF16[1])
+    assert x.plan.tree_mask is not None and x.plan.batch == 16
+
+
 @pytest.mark.parametrize(("batch", "tree", "num_splits"), [
     pytest.param(1, False, None, marks=[pytest.mark.gpu]),
     pytest.param(16, False, None, marks=[pytest.mark.gpu]),
     pytest.param(16, True, None, marks=[pytest.mark.gpu]),
-    pytest.param(1, True, 1, marks=[pytest.mark.gpu]),
+    pytest.param(16, True, 1, marks=[pytest.mark.gpu]),  # one split: no merge
 ])
 def test_bf16_at_kimi_shapes(batch, tree, num_splits):
-    # per rank at TP8: 8 heads, 3 draft tokens + 1, a 16K context in 64-token pages
+    # per rank at TP8: 8 heads, 3 draft tokens + 1, in 64-token pages; causal at a 16K
+    # context, tree masks over contexts from 0 to 16K (where a mask shows: kimi_tree_inputs)
     dtype, atol, rtol = BF16
-    x = make_mla_inputs([4] * batch, [16384] * batch, heads=8, page_size=64, dtype=dtype, device=DEVICE,
-                        seed=batch, tree=tree)
+    x = (kimi_tree_inputs(dtype, seed=batch + (num_splits or 0), atol=atol) if tree else
+         make_mla_inputs([4] * batch, [16384] * batch, heads=8, page_size=64, dtype=dtype, device=DEVICE, seed=batch))
     _run(x, dtype, atol, rtol, num_splits=num_splits)
