@@ -14,7 +14,9 @@ of the process). So: the profile comes after the point's timing, never before it
 teardown is asked for where the CUDA build is one Kineto tears down reliably (12.6 on),
 unless the user set TEARDOWN_CUPTI; the teardown, which runs on Kineto's own thread at
 the next CUDA call, is given time to finish before the next session or timing starts;
-and records timed while CUPTI may still be attached say so (``attached_note``).
+records timed while CUPTI may still be attached say so (``attached_note``); and a session
+that waits seconds for a CUPTI that does not come back ends the profiling for the process
+(``SLOW_EMPTY_SESSION_S``), so a broken profiler costs the launch column, not the run's time.
 """
 
 from __future__ import annotations
@@ -39,8 +41,16 @@ SETTLE_S = 0.1
 #: too): where newer Kineto turns teardown on by default.
 TEARDOWN_FROM_CUDA = (12, 6)
 
+#: A session that records nothing and takes longer than this is waiting on a CUPTI that
+#: will not come back (Kineto waits up to 10 s for a teardown before it traces without the
+#: GPU): no more sessions are tried in this process, so the run's time goes to timing.
+SLOW_EMPTY_SESSION_S = 2.0
+
 #: The number of profiler sessions this process has run.
 _sessions = 0
+
+#: Why this process tries no more sessions (a slow empty one), else None.
+_given_up: str | None = None
 
 
 def _cuda_build() -> tuple[int, ...] | None:
@@ -81,7 +91,7 @@ def profile_call(fn: Callable[[], Any]) -> dict[str, Any]:
     current CUDA device, ``profile_error`` in place of ``launches`` when the profiler is
     unavailable or records nothing (never raises). The host time is taken first, with no
     profiler session in between."""
-    global _sessions
+    global _sessions, _given_up
     import torch
 
     out: dict[str, Any] = {}
@@ -91,6 +101,9 @@ def profile_call(fn: Callable[[], Any]) -> dict[str, Any]:
         fn()
     out["host_s"] = (time.perf_counter() - t0) / HOST_REPS
     torch.cuda.synchronize()
+    if _given_up:
+        out["profile_error"] = _given_up
+        return out
     try:
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
@@ -100,17 +113,23 @@ def profile_call(fn: Callable[[], Any]) -> dict[str, Any]:
         for _ in range(PROFILE_TRIES):
             _settle(torch)
             _sessions += 1
+            t0 = time.perf_counter()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 fn()
                 torch.cuda.synchronize()
             launches = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+            took = time.perf_counter() - t0
             if launches:
+                break
+            if took > SLOW_EMPTY_SESSION_S:
+                _given_up = (f"no profiler sessions after one took {took:.1f} s and recorded no GPU activity "
+                             "(CUPTI not coming back): launches unknown")
                 break
         if launches:
             out["launches"] = launches
         else:  # the profiled calls all launch kernels: an empty trace is CUPTI's failure
-            out["profile_error"] = (f"the profiler recorded no GPU activity in {PROFILE_TRIES} sessions "
-                                    "(CUPTI did not attach): launches unknown")
+            out["profile_error"] = _given_up or (f"the profiler recorded no GPU activity in {PROFILE_TRIES} "
+                                                 "sessions (CUPTI did not attach): launches unknown")
     except Exception as e:  # noqa: BLE001 - a missing profiler costs the column, not the run
         out["profile_error"] = f"{type(e).__name__}: {e}"
     _settle(torch)

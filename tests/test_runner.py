@@ -235,6 +235,7 @@ def test_a_profile_that_records_no_gpu_activity_is_retried_then_says_so_instead_
 
     import contextlib
 
+    from microbench import profile as profile_mod
     from microbench.profile import profile_call
 
     from torch.autograd import DeviceType
@@ -264,6 +265,17 @@ def test_a_profile_that_records_no_gpu_activity_is_retried_then_says_so_instead_
     sessions.clear()
     monkeypatch.setattr(torch.profiler, "profile", profile([0, 3]))  # an empty first trace is tried again
     assert profile_call(lambda: torch.ones(8) + 1)["launches"] == 3 and sessions == [0, 3]
+    # an empty session that took long (Kineto waiting out a CUPTI that will not come back):
+    # no more sessions in this process, each later profile says why at once
+    monkeypatch.setattr(profile_mod, "_given_up", None)
+    monkeypatch.setattr(profile_mod, "SLOW_EMPTY_SESSION_S", 0.0)
+    sessions.clear()
+    monkeypatch.setattr(torch.profiler, "profile", profile([0, 3, 3]))
+    for _ in range(2):
+        out = profile_call(lambda: torch.ones(8) + 1)
+        assert "launches" not in out and "recorded no GPU activity (CUPTI not coming back)" in out["profile_error"]
+        assert out["host_s"] > 0
+    assert sessions == [0]
 
 
 def test_the_launch_profile_comes_after_the_points_timing_and_a_left_attached_cupti_is_noted(monkeypatch):
