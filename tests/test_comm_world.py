@@ -133,6 +133,18 @@ def test_a_plan_counts_the_skips_of_the_world_it_will_start(monkeypatch):
     assert distributed.world_size() is None
 
 
+def test_run_plan_counts_the_skips_of_the_world_size_it_names(capsys):
+    """``run --plan`` reads the world size its --nproc gives (1 here): two-shot and NCCL's
+    in-place graph count as not run, as the run itself will count them."""
+    assert main(["run", "--suite", "verify", "--device", "cuda", "--plan", "--case", "comm.allreduce_sweep",
+                 "--axis", "bytes=8", "--nproc", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "world size 1: NCCL's in-place sum over one rank launches no work" in out
+    assert "two_shot_all_reduce_out is built for world sizes 2, 4, 8 only (this one: 1)" in out or \
+        "symmetric memory" in out  # a torch without the op says that first
+    assert distributed.world_size() is None
+
+
 def test_the_result_file_is_closed_before_the_world_and_a_failing_close_keeps_it(solo, monkeypatch, tmp_path,
                                                                                    capsys):
     """destroy_process_group can fail or hang on a broken NCCL: the file is complete by
