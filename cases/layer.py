@@ -105,11 +105,21 @@ class DecoderLayerCase(Case):
             return "bf16 is checked on the GPU (the Triton interpreter mishandles bf16 tl.dot)"
         return None
 
-    def _layers(self, one_layer_bytes: int, device: str) -> int:
+    def _layers(self, point: Point, held_bytes: int, device: str) -> int:
+        """How many layers a call at ``point`` stacks: as many as ``MEMORY_SHARE`` of the free
+        GPU memory holds at ``held_bytes`` each (at most ``MAX_LAYERS``), decided once per
+        point, at its first variant's set-up: the next variant's, made while the first one's
+        layers are still held, would see less free memory, and a verdict between calls of
+        different layer counts would compare different work (so would passes pooled by
+        ``--repeat``)."""
         if not on_cuda(device):
             return 1
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return max(1, min(MAX_LAYERS, int(MEMORY_SHARE * free // max(1, one_layer_bytes))))
+        key = (device, tuple(sorted((k, str(v)) for k, v in point.items())))
+        counts: dict[tuple, int] = self.__dict__.setdefault("_layer_counts", {})
+        if key not in counts:
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            counts[key] = max(1, min(MAX_LAYERS, int(MEMORY_SHARE * free // max(1, held_bytes))))
+        return counts[key]
 
     def setup(self, point: Point, device: str, seed: int) -> Workload:
         from microbench.cases.layer_inputs import layer_batch, layer_inputs, layer_shape, layer_weights
@@ -121,7 +131,10 @@ class DecoderLayerCase(Case):
         q_len = 1 if point["phase"] == "decode" else point["draft_tokens"] + 1
         t = point["batch"] * q_len
         first = layer_weights(s, point["weights"], dt, device, seed)
-        n = self._layers(first.nbytes(), device)
+        # what a layer holds: its weights as the kernels read them, and the checkpoint copy
+        # of its experts the reference reads
+        held = first.nbytes() + sum(t.numel() * t.element_size() for t in first.experts_ckpt.values())
+        n = self._layers(point, held, device)
         weights = [first] + [layer_weights(s, point["weights"], dt, device, seed + 1000 * i) for i in range(1, n)]
         batches = [layer_batch(s, point["batch"], q_len, point["context"], dt, device, seed + 1000 * i + 1)
                    for i in range(n)]

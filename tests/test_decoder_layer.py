@@ -225,3 +225,20 @@ def test_routing_holds_over_the_timing_loops_repeated_calls():
             _, ids = router_ref(h2, w.gate, w.gate_bias, top_k=MINI.top_k, n_group=1, topk_group=1,
                                 routed_scaling_factor=MINI.scaling)
             assert [sorted(r) for r in ids.tolist()] == want, f"call {call}"
+
+
+def test_the_layer_count_is_decided_once_per_point_so_every_variant_times_the_same_work(monkeypatch):
+    """The second variant's set-up runs while the first one's layers are held: reading free
+    memory again would stack fewer layers, and its verdict would compare different work."""
+    from microbench.cases import layer as layer_mod
+
+    case = DecoderLayerCase()
+    free = [30e9]
+    monkeypatch.setattr(layer_mod, "on_cuda", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], 80e9))
+    point = {"layer": "kimi-tp8", "phase": "verify", "capture": "eager"}
+    assert case._layers(point, int(2.4e9), "cuda") == 3  # 0.3 x 30 GB / 2.4 GB
+    free[0] = 10e9  # the first variant's layers now take memory
+    assert case._layers(point, int(2.4e9), "cuda") == 3
+    assert case._layers({**point, "capture": "graph"}, int(2.4e9), "cuda") == 1  # a new point reads it afresh
+    assert DecoderLayerCase()._layers(point, int(2.4e9), "cuda") == 1  # so does a new run's case
