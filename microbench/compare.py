@@ -92,7 +92,7 @@ def _relative_series(r: Mapping[str, Any], index: Mapping[tuple, Mapping[str, An
                                             verdicts.rotations(r["timing"]), r["timing"].get("passes"))
     if not ratios.size:
         return "not one whole rotation of the interleaved order (a run cut short)"
-    return list(ratios), passes, verdicts.timing_half_tick(base["timing"]) + verdicts.timing_half_tick(r["timing"])
+    return list(ratios), passes, stats.timing_half_tick(base["timing"]) + stats.timing_half_tick(r["timing"])
 
 
 def _per_floor(b: Mapping[str, Any], n: Mapping[str, Any]) -> tuple[float, float] | str:
@@ -132,7 +132,7 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
             row["notes"].append("floors from a measured ceiling on one side, a datasheet on the other")
     row["base_time"], row["new_time"] = float(np.quantile(bs, quantile)), float(np.quantile(ns, quantile))
     # each side's half-tick over its statistic: relative, so per floor it is its time's
-    ticks = (verdicts.timing_half_tick(b["timing"], quantile), verdicts.timing_half_tick(n["timing"], quantile))
+    ticks = (stats.timing_half_tick(b["timing"], quantile), stats.timing_half_tick(n["timing"], quantile))
     if relative is not None:
         sb, sn = _relative_series(b, relative[0]), _relative_series(n, relative[1])
         if isinstance(sb, str) or isinstance(sn, str):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -162,6 +162,14 @@ def half_tick(samples: Sequence[float], tick: float, quantile: float = 0.5) -> f
     however many samples agree on it. inf where the quantile is not positive."""
     q = float(np.quantile(_as_samples(samples, "samples"), quantile))
     return 0.5 * tick / q if q > 0 else math.inf
+
+
+def timing_half_tick(timing: Mapping[str, Any], quantile: float = 0.5) -> float:
+    """A record's half-tick over its ``quantile`` of time, relative: its tick is what its
+    samples show, else the timer's resolution it recorded (``resolution_s``; absent from
+    files from before it was kept, whose all-equal samples then have none)."""
+    x = timing["samples_s"]
+    return half_tick(x, sample_tick(x, float(timing.get("resolution_s") or 0.0)), quantile)
 
 
 def _median(x: np.ndarray) -> float:

@@ -188,18 +188,6 @@ def _half_ticks(sets: Sequence[np.ndarray], quantile: float = 0.5) -> list[float
     return [stats.half_tick(x, stats.sample_tick(x), quantile) for x in sets]
 
 
-def timing_tick(timing: Mapping[str, Any]) -> float:
-    """A record's timer tick per call: what its samples show (:func:`microbench.stats.sample_tick`),
-    else the timer's resolution it recorded (``resolution_s``; absent from files from before
-    it was kept, whose all-equal samples then have none)."""
-    return stats.sample_tick(timing["samples_s"], float(timing.get("resolution_s") or 0.0))
-
-
-def timing_half_tick(timing: Mapping[str, Any], quantile: float = 0.5) -> float:
-    """A record's half-tick over its ``quantile`` (the median by default) of time, relative."""
-    return stats.half_tick(timing["samples_s"], timing_tick(timing), quantile)
-
-
 def _check_args(min_effect: float, confidence: float, n_boot: int) -> None:
     _check_confidence(confidence)
     if not (min_effect >= 0 and math.isfinite(min_effect)):
@@ -271,7 +259,7 @@ def compare_samples(
     sides, so a change no larger than the machine's own move is never called code.
 
     ``half_ticks``: (base, new) each side's timer half-tick over its statistic, relative
-    (:func:`microbench.stats.half_tick`; :func:`timing_half_tick` for a record), which
+    (:func:`microbench.stats.half_tick`; :func:`microbench.stats.timing_half_tick` for a record), which
     widens the interval (module docstring); None: each read from its own samples, as are
     the probes'.
 
@@ -410,8 +398,8 @@ def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: 
     interleaved them (balanced over each rotation of their order, where it rotated); else
     each one's wander over time (between passes, or blocks of one pass) widens the
     interval, since the two were timed at different moments. Either way each one's timer
-    tick widens it too (:func:`timing_half_tick`)."""
-    ticks = (timing_half_tick(base), timing_half_tick(new))
+    tick widens it too (:func:`microbench.stats.timing_half_tick`)."""
+    ticks = (stats.timing_half_tick(base), stats.timing_half_tick(new))
     if interleaved:
         return compare_paired(base["samples_s"], new["samples_s"], min_effect=min_effect,
                               rotation=rotations(new), passes=new.get("passes"), half_ticks=ticks)

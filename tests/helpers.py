@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 #: Where tests run Triton kernels: the GPU when there is one, else the CPU interpreter.
@@ -80,3 +81,27 @@ def kimi_tree_inputs(dtype: torch.dtype, seed: int, atol: float):
              - mla_attention_ref(causal.q, causal.kv_new, causal.kv_cache, causal.plan)).abs().max().item()
     assert moved > 10 * atol, f"the tree mask moves the outputs by only {moved:.2e}: no test of it at atol {atol}"
     return x
+
+
+class FakeClock:
+    """A clock that advances by each synthetic sample, plus a fixed overhead per sample."""
+
+    def __init__(self, overhead_s: float = 0.0):
+        self.t = 0.0
+        self.overhead = overhead_s
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sampler(self, rng: np.random.Generator, median_s: float, sigma: float):
+        def take() -> float:
+            s = float(median_s * rng.lognormal(0.0, sigma))
+            self.t += s + self.overhead
+            return s
+
+        return take
+
+
+def lognormal(rng: np.random.Generator, n: int, sigma: float, scale: float = 1e-3) -> np.ndarray:
+    """[n] seconds: ``scale`` times lognormal noise of log-sigma ``sigma`` (median = scale)."""
+    return scale * np.exp(sigma * rng.standard_normal(n))

@@ -14,16 +14,12 @@ import re
 import numpy as np
 import pytest
 
-from microbench import stats
 from microbench.stats import MIN_SAMPLES, Summary, geomean, median_ci, median_rel_noise, summarize
 from microbench.verdicts import Verdict, block_sigma, classify, compare_paired, compare_samples
 
-T0 = 1e-3  # a 1 ms case
+from .helpers import lognormal
 
-
-def lognormal(rng: np.random.Generator, n: int, sigma: float, scale: float = T0) -> np.ndarray:
-    """[n] seconds: ``scale`` times lognormal noise of log-sigma ``sigma`` (median = scale)."""
-    return scale * np.exp(sigma * rng.standard_normal(n))
+T0 = 1e-3  # a 1 ms case (lognormal's default scale)
 
 
 # --------------------------------------------------------------------------- one sample set
@@ -346,85 +342,3 @@ def test_env_sigma_widens_the_interval_and_can_turn_a_verdict_unsure() -> None:
     wide = compare_samples(base, new, env_sigma=0.05)
     assert tight.label == "SLOWER" and wide.label == "UNSURE"
     assert wide.lo < tight.lo and wide.hi > tight.hi and wide.ratio == tight.ratio
-
-
-# --------------------------------------------------------------------------- timer ticks
-
-TICK = 1.024e-6  # the step CUDA events are seen counting in on recent GPUs
-
-
-def _ticked(counts: dict[int, int], seed: int = 0) -> np.ndarray:
-    """Samples on whole ticks, ``counts[k]`` of them at k ticks, in a seeded order."""
-    x = np.concatenate([np.full(c, k * TICK) for k, c in counts.items()])
-    np.random.default_rng(seed).shuffle(x)
-    return x
-
-
-def test_samples_on_two_tick_values_have_half_a_tick_of_noise_not_zero() -> None:
-    """A ~4.3 µs kernel timed by CUDA events: 200 samples at 4 or 5 ticks. Every rank of
-    the median's order-statistic interval lands on 4 ticks (width 0, "±0.00%"), yet the
-    time it stands for is known only to within half a tick."""
-    x = _ticked({4: 160, 5: 40})
-    s = summarize(x)
-    assert s.tick == pytest.approx(TICK)
-    assert s.rel_noise == pytest.approx(0.5 / 4) and median_rel_noise(x) == s.rel_noise
-    assert median_ci(x) == pytest.approx((3.5 * TICK, 4.5 * TICK))
-    # all samples equal: no gap shows the tick, the timer's resolution stands in; unknown, none
-    same = [4 * TICK] * 50
-    assert summarize(same, resolution=0.5e-6).tick == 0.5e-6
-    assert median_rel_noise(same, resolution=0.5e-6) == pytest.approx(0.25e-6 / (4 * TICK))
-    assert median_rel_noise(same) == 0.0
-
-
-def test_the_tick_of_per_call_samples_is_the_timers_over_the_calls() -> None:
-    # a hot sample of 8 calls: its time on whole ticks / 8, so its step is a tick / 8
-    x = _ticked({60: 30, 61: 50, 62: 20}) / 8
-    assert stats.sample_tick(x) == pytest.approx(TICK / 8)
-    # float rounding between values that are one time is not a tick
-    assert stats.sample_tick([1e-6, 1e-6 * (1 + 1e-14), 2e-6]) == pytest.approx(1e-6)
-    assert stats.half_tick([2.0, 4.0, 4.0], 1.0) == 0.125
-
-
-def test_samples_spread_over_ticks_and_cpu_timings_keep_their_interval() -> None:
-    """The tick widens only an interval that collapsed onto one value: samples dithered
-    over many ticks, and ns-resolution CPU timings, keep the order-statistic interval
-    exactly (ranks 86 and 115 of 200), and their verdicts are what they were."""
-    rng = np.random.default_rng(30)
-    spread = np.round(lognormal(rng, 200, 0.2, scale=50e-6) / TICK) * TICK
-    cpu = np.round(lognormal(rng, 200, 0.02, scale=2e-6) * 1e9) * 1e-9
-    for x in (spread, cpu, lognormal(rng, 200, 0.02)):
-        s = np.sort(x)
-        assert summarize(x).rel_noise == (s[114] - s[85]) / (2 * np.median(x))
-        assert median_ci(x) == (s[85], s[114])
-    slower = np.round(lognormal(rng, 200, 0.2, scale=55e-6) / TICK) * TICK
-    cpu_same = np.round(lognormal(rng, 200, 0.02, scale=2e-6) * 1e9) * 1e-9
-    for a, b in ((spread, slower), (cpu, cpu_same)):
-        v = compare_samples(a, b)
-        assert v == compare_samples(a, b, half_ticks=(0.0, 0.0)) and v.tick == 0.0, v.explain()
-        assert compare_paired(a, b) == compare_paired(a, b, half_ticks=(0.0, 0.0))
-
-
-@pytest.mark.parametrize("compare", [compare_samples, compare_paired])
-def test_medians_less_than_a_tick_apart_are_not_a_verdict(compare) -> None:
-    """Base mostly at 4 ticks, new mostly at 5: the medians read 4 and 5 ticks, and the
-    bootstrap gives ×1.25 [1.25, 1.25] (SLOWER), but times of 4.45 and 4.55 ticks could
-    give these samples. Each median is held to ±half a tick: the ratio's interval is at
-    least (5 - 1/2) / (4 + 1/2) .. (5 + 1/2) / (4 - 1/2), and the verdict UNSURE."""
-    base, new = _ticked({4: 160, 5: 40}, seed=1), _ticked({4: 40, 5: 160}, seed=2)
-    assert compare(base, new, half_ticks=(0.0, 0.0)).label == "SLOWER"  # as it read before
-    v = compare(base, new)
-    assert v.ratio == pytest.approx(1.25) and v.label == "UNSURE", v.explain()
-    assert (v.lo, v.hi) == pytest.approx((4.5 / 4.5, 5.5 / 3.5))
-    assert v.tick == pytest.approx(0.5 / 4 + 0.5 / 5) and "timer's tick" in v.explain()
-    # nearly the same split on both sides: no longer a certain SAME at [1, 1] either
-    w = compare(base, _ticked({4: 150, 5: 50}, seed=3))
-    assert w.label in ("UNSURE", "SAME") and w.lo <= 4 / 4.5 and w.hi >= 4.5 / 3.5, w.explain()
-
-
-def test_old_summaries_and_verdicts_without_a_tick_still_load() -> None:
-    x = lognormal(np.random.default_rng(31), 50, 0.02)
-    old = {k: v for k, v in summarize(x).to_dict().items() if k != "tick"}
-    assert Summary.from_dict(old).tick == 0.0 and Summary.from_dict(old).median == np.median(x)
-    v = compare_samples(x, x * 1.1)
-    d = {k: val for k, val in v.to_dict().items() if k != "tick"}
-    assert Verdict.from_dict(d) == v  # tick 0: nothing widened it

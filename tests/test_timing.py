@@ -4,35 +4,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from microbench.samplers import copies_for_cold_cache
-from microbench.stats import median_rel_noise
 from microbench.timing import (TimingOptions, measure, measure_interleaved, run_interleaved, run_until_stable,
                                stop_reason)
 
-
-class FakeClock:
-    """A clock that advances by each synthetic sample, plus a fixed overhead per sample."""
-
-    def __init__(self, overhead_s: float = 0.0):
-        self.t = 0.0
-        self.overhead = overhead_s
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sampler(self, rng: np.random.Generator, median_s: float, sigma: float):
-        def take() -> float:
-            s = float(median_s * rng.lognormal(0.0, sigma))
-            self.t += s + self.overhead
-            return s
-
-        return take
+from .helpers import FakeClock
 
 
 def test_quiet_timer_stops_on_noise_after_min_samples():
@@ -130,45 +111,6 @@ def test_a_place_in_the_round_that_runs_faster_does_not_make_a_verdict():
         v = compare_paired(a, b, rotation=2)
         assert v.label == want and v.ratio == pytest.approx(slower, rel=0.005), v.explain()
         assert compare_paired(a[::2], b[::2]).ratio == pytest.approx(0.97 * slower, rel=0.005)  # B second
-
-
-def _ticked_take(clock, tick, counts, rng):
-    """Samples on whole ticks (``counts``: ticks -> weight), as CUDA events give a µs call."""
-    ks, w = list(counts), np.array(list(counts.values()), dtype=float)
-
-    def take() -> float:
-        s = int(rng.choice(ks, p=w / w.sum())) * tick
-        clock.t += s + 100e-6  # the flush and spin around a cold sample
-        return s
-    return take
-
-
-def test_samples_on_a_few_tick_values_do_not_stop_on_noise():
-    """A ~4.3 µs kernel timed by 1.024 µs ticks: its samples fall on 4 and 5 ticks, the
-    order-statistic interval of the median collapses to width 0 at once, and the noise
-    rule used to stop it at 10 samples with "±0.00%". Half a tick is 12% of it: it runs to
-    its budget instead, and a 50-tick call, whose half-tick is 1%, stops on a 2% target."""
-    tick = 1.024e-6
-    opts = TimingOptions(min_samples=10, min_time_s=0.0, max_noise=0.005, budget_s=0.05)
-    clock = FakeClock()
-    samples, reason, _ = run_until_stable(_ticked_take(clock, tick, {4: 0.8, 5: 0.2}, np.random.default_rng(7)),
-                                          opts, clock)
-    assert reason == "budget" and len(samples) > 100
-    assert median_rel_noise(samples) == pytest.approx(0.5 / 4)
-    # all samples equal: the timer's resolution stands in for the tick they cannot show
-    clock = FakeClock()
-    samples, reason, _ = run_until_stable(_ticked_take(clock, tick, {4: 1.0}, np.random.default_rng(8)),
-                                          opts, clock, resolution=0.5e-6)
-    assert reason == "budget"
-    clock = FakeClock()
-    (a, b), reason, _ = run_interleaved([_ticked_take(clock, tick, {4: 0.8, 5: 0.2}, np.random.default_rng(9)),
-                                         _ticked_take(clock, tick, {4: 1.0}, np.random.default_rng(10))],
-                                        opts, clock, resolutions=[0.5e-6, 0.5e-6])
-    assert reason == "budget"
-    clock = FakeClock()
-    samples, reason, _ = run_until_stable(_ticked_take(clock, tick, {50: 0.8, 51: 0.2}, np.random.default_rng(11)),
-                                          replace(opts, max_noise=0.02), clock)
-    assert reason == "noise" and len(samples) == 10
 
 
 def test_bad_options_are_rejected():
