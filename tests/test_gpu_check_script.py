@@ -43,9 +43,24 @@ def test_gpu_check_runs_the_gpu_tests_only():
     (grace, prebuild), = [(int(g), int(n))
                           for g, n in re.findall(r"timeout --kill-after=(\d+) (\d+) .* compile ", script)]
     waited = max(0, prebuild + grace - limits["env"] - limits["tune"])
+    # the tests step: at least its floor, else what is left of the check's cap but a reserve
+    # that holds every step after it
+    (cap,) = [int(c) for c in re.findall(r"^CAP=(\d+)", script, re.M)]
+    (reserve, floor, floor_again), = re.findall(
+        r'^tests_s=\$\(\(CAP - SECONDS - (\d+)\)\)\n\[ "\$tests_s" -ge (\d+) \] \|\| tests_s=(\d+)$', script, re.M)
+    assert floor == floor_again and 'step "tests" "$tests_s" ' in script
+    lines = re.search(r"^tests_s=.*\n.*tests_s=\d+$", script, re.M).group(0)
+    for elapsed, want in [(0, cap - int(reserve)), (cap - int(reserve) - 100, 100), (cap, int(floor))]:
+        got = subprocess.run(["bash", "-c", f"CAP={cap}; SECONDS={elapsed}; {lines}; echo $tests_s"],
+                             capture_output=True, text=True, timeout=30).stdout
+        assert int(got) == want, (elapsed, got)
+    later = script[script.index('step "tests"'):]
+    after = [n for n in limits if f'step "{n}" ' in later]
+    assert set(after) >= {"benches", "model", "report"} and sum(limits[n] for n in after) <= int(reserve)
+    limits["tests"] = int(floor)
     # the check's steps fit in 8 minutes, with room for what runs between them (the CUDA
     # probe, a gzip of a large result file, a SIGTERM'd step's 5 s grace)
-    assert len(limits) >= 6 and sum(limits.values()) + waited <= 8 * 60 - 15
+    assert len(limits) >= 7 and sum(limits.values()) + waited <= cap <= 8 * 60 - 15
     args = _step("tests")
     expr = args[args.index("-m", args.index("pytest")) + 1]
     assert re.search(r"\bgpu\b", expr) and "not gpu" not in expr
