@@ -418,6 +418,8 @@ def _with_user_variant(a: argparse.Namespace, cases: list[Any]) -> list[Any]:
 
 
 def add_parser(sub) -> None:
+    from microbench.hardware import shipped_listing
+
     c = sub.add_parser(
         "compile", help="build every Triton kernel of a suite for a target GPU (no GPU needed): registers, "
         "spills, shared memory, occupancy, fit",
@@ -427,8 +429,8 @@ def add_parser(sub) -> None:
         "Exit 1 when a kernel fails to compile or a build does not fit (or spills, with --fail-on-spill), 2 on bad "
         "input. Nothing is timed or checked for correctness: run the suite on the GPU for that.")
     c.add_argument("--target", default="h200", help="hardware profile to build for (default h200; shipped: "
-                   "h100-sxm, h200-sxm, rtx-pro-6000-blackwell; or a profile JSON with an 'sm' block; auto: the "
-                   "profile of the GPU torch sees)")
+                   f"{shipped_listing()}; a unique prefix is enough; or a profile JSON with an 'sm' block; auto: "
+                   "the profile of the GPU torch sees)")
     c.add_argument("--suite", default="verify", help="whose shapes (default verify: the model's)")
     c.add_argument("--case", action="append", help="case id(s), comma-separated or repeated (default: the suite's)")
     c.add_argument("--variant", action="append", help="only these variants")

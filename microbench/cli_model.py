@@ -68,6 +68,8 @@ def _profile(name: str, measured) -> tuple[Any, str | None]:
 
 
 def add_parser(sub) -> None:
+    from microbench.hardware import shipped_listing
+
     mo = sub.add_parser("model", help="compose component times into decode and verify step budgets",
                         description="Per-layer and per-step time of one rank for decode and for the verify step "
                         "of speculative decoding, eager and under CUDA-graph replay: each component from a result "
@@ -77,7 +79,7 @@ def add_parser(sub) -> None:
     mo.add_argument("--model", default="kimi-k2.5", help="a shipped model or a config.json path (default kimi-k2.5)")
     mo.add_argument("--tp", type=int, default=8, help="tensor-parallel size (default 8)")
     mo.add_argument("--ep", type=int, default=1, help="expert-parallel size: 1 or --tp (default 1)")
-    mo.add_argument("--hardware", default="auto", help="a shipped profile (h100, h200, rtx-pro-6000: a unique "
+    mo.add_argument("--hardware", default="auto", help=f"a shipped profile ({shipped_listing()}; a unique "
                     "prefix is enough), a profile JSON path, or auto (default): the profile of the GPU the --results "
                     f"files ran on, else {DEFAULT_PROFILE}")
     mo.add_argument("--batch", type=int, default=1, help="requests per step (default 1)")

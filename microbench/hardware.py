@@ -25,6 +25,7 @@ too.  Schema (units are checked, so "GB/s" cannot slip in where "B/s" is meant):
         "bandwidth_per_direction": {"value": 450e9, "unit": "B/s", "source": "..."},
         "latency": {"value": 2e-6, "unit": "s", "source": "..."}   # alpha of an alpha-beta allreduce model
       },
+      "aliases": ["h200"],  # optional: other names it answers to (exact, unique among shipped profiles)
       "match": ["H200"],  # substrings of torch.cuda.get_device_name() this profile applies to
       "sm": {             # optional: one SM's limits, for `microbench compile` (fit and occupancy)
         "compute_capability": "9.0", "registers_per_sm": 65536, "max_warps_per_sm": 64,
@@ -47,7 +48,8 @@ from typing import Any, Mapping
 
 from .models import ConfigError, _read_json, _shipped
 
-__all__ = ["Figure", "HardwareProfile", "SmLimits", "list_profiles", "load_profile", "profile_for_device_name"]
+__all__ = ["Figure", "HardwareProfile", "SmLimits", "list_profiles", "load_profile", "profile_for_device_name",
+           "shipped_listing"]
 
 # figure name -> (unit it must be given in, required?)
 _FIGURES: dict[str, tuple[str, bool]] = {
@@ -148,6 +150,7 @@ class HardwareProfile:
     memory_bytes: Figure
     interconnect: dict[str, Any]
     match: list[str]
+    aliases: tuple[str, ...] = ()  # short names it answers to ("h100" for h100-sxm)
     fp8_dense_flops: Figure | None = None
     int4_note: str | None = None
     launch_overhead: Figure | None = None
@@ -228,6 +231,7 @@ def _profile(data: Mapping[str, Any], label: str) -> HardwareProfile:
     match = data.get("match")
     if not isinstance(match, list) or not match or not all(isinstance(m, str) and m for m in match):
         raise ConfigError(f"{label}: key 'match' must be a non-empty list of device-name substrings")
+    aliases = _aliases(data.get("aliases", []), label)
     measured_raw = data.get("measured") or {}
     if not isinstance(measured_raw, Mapping):
         raise ConfigError(f"{label}: key 'measured' must be an object")
@@ -237,7 +241,8 @@ def _profile(data: Mapping[str, Any], label: str) -> HardwareProfile:
         raise ConfigError(f"{label}: key 'int4_note' must be a string")
     return HardwareProfile(
         name=data["name"], description=data["description"], interconnect=interconnect,
-        match=list(match), int4_note=note, measured=measured, sm=_sm_limits(data.get("sm"), label), **parsed,  # type: ignore[arg-type]
+        match=list(match), aliases=aliases, int4_note=note, measured=measured,
+        sm=_sm_limits(data.get("sm"), label), **parsed,  # type: ignore[arg-type]
     )
 
 
@@ -246,19 +251,58 @@ def list_profiles() -> list[str]:
     return sorted(_shipped("hardware"))
 
 
+def _aliases(raw: Any, label: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(a, str) and re.fullmatch(r"[a-z0-9][a-z0-9.-]*", a)
+                                            for a in raw):
+        raise ConfigError(f"{label}: key 'aliases' must be a list of short lowercase names (letters, digits, "
+                          f"'-', '.'), got {raw!r}")
+    return tuple(raw)
+
+
+def _shipped_aliases(shipped: Mapping[str, str]) -> dict[str, str]:
+    """Alias -> shipped profile name; a ConfigError when two profiles claim one name."""
+    owner: dict[str, str] = {}
+    for name, path in shipped.items():
+        for alias in _aliases(_read_json(path).get("aliases", []), os.path.basename(path)):
+            other = owner.get(alias) or (alias if alias in shipped else None)
+            if other is not None:
+                raise ConfigError(f"hardware profiles {other} and {name} both answer to {alias!r}; "
+                                  f"an alias must name one profile")
+            owner[alias] = name
+    return owner
+
+
+def shipped_listing() -> str:
+    """The shipped profiles for help and error text, each alias after its
+    profile: ``"h100-pcie, h100-sxm (alias h100), …"``."""
+    shipped = _shipped("hardware")
+    aliases = _shipped_aliases(shipped)
+    return ", ".join(n + "".join(f" (alias {a})" for a, owner in sorted(aliases.items()) if owner == n)
+                     for n in shipped) or "none"
+
+
 def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
-    """A shipped profile by name (``"h200-sxm"``, or a prefix naming one: ``"h200"``) or a
-    profile JSON at a path."""
+    """A shipped profile by name (``"h200-sxm"``), by an alias it declares (``"h200"``), by a
+    prefix naming one profile only (``"rtx-pro"``), or a profile JSON at a path."""
     shipped = _shipped("hardware")
     key = os.fspath(name_or_path)
-    prefixed = [n for n in shipped if n.startswith(key)] if key else []
-    if key in shipped or len(prefixed) == 1:
-        path = shipped[key if key in shipped else prefixed[0]]
-    elif key.endswith(".json") or os.sep in key or os.path.exists(key):
+    aliases = _shipped_aliases(shipped)
+    prefixed = sorted(n for n in shipped if n.startswith(key)) if key else []
+    looks_like_path = key.endswith(".json") or os.sep in key or os.path.exists(key)
+    if key in shipped:
+        path = shipped[key]
+    elif key in aliases:
+        path = shipped[aliases[key]]
+    elif len(prefixed) == 1:
+        path = shipped[prefixed[0]]
+    elif looks_like_path:
         path = key
+    elif prefixed:
+        raise ConfigError(f"hardware profile {key!r} is ambiguous: {', '.join(prefixed)} all begin with it; "
+                          f"name one in full")
     else:
         raise ConfigError(f"unknown hardware profile {key!r}; shipped profiles: "
-                          f"{', '.join(sorted(shipped)) or 'none'} (or pass the path of a profile JSON)")
+                          f"{shipped_listing()} (or pass the path of a profile JSON)")
     return _profile(_read_json(path), os.path.basename(path))
 
 
