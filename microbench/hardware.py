@@ -312,8 +312,8 @@ def profile_for_device_name(device_name: str) -> HardwareProfile | None:
     match wins so a more specific profile beats a general one.  None when none applies."""
     name = device_name.lower()
     best: tuple[int, HardwareProfile] | None = None
-    for profile_name in list_profiles():
-        profile = load_profile(profile_name)
+    for path in _shipped("hardware").values():
+        profile = _profile(_read_json(path), os.path.basename(path))
         hits = [len(m) for m in profile.match if m.lower() in name]
         if hits and (best is None or max(hits) > best[0]):
             best = (max(hits), profile)
