@@ -116,6 +116,17 @@ def cmd_list(a: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- run
 
 
+def min_effect_arg(text: str) -> float:
+    """``--min-effect``: a finite fraction >= 0 (0.02 = 2%)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction >= 0, e.g. 0.02 for 2%")
+    return v
+
+
 def _split(values: Sequence[str] | None) -> list[str]:
     return [x for v in values or [] for x in v.split(",") if x]
 
@@ -404,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "their budgets below --budget-s as needed, so every point is still gated and timed (down "
                         "to 3 samples) rather than the last ones lost to a time limit; a cut record says so")
     r.add_argument("--max-noise", type=float, default=0.005, help="stop when the median's relative noise is under this")
-    r.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change a verdict calls real")
+    r.add_argument("--min-effect", type=min_effect_arg, default=0.02, help="smallest ratio change a verdict calls real")
     r.add_argument("--interleave", action="store_true", help="time variants alternately, in rounds whose order rotates (A B, B A, ...), for in-run A/B")
     r.add_argument("--repeat", type=int, help="passes over the whole plan, samples pooled per point, so each "
                    "spans the run and its wander is measured (default: 3 on CPU, 1 on CUDA)")

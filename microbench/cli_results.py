@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from typing import Any, Sequence
 
-from microbench.cli import UsageError, _split
+from microbench.cli import UsageError, _split, min_effect_arg
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -89,7 +89,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     print(compare.render(result, a.format), end="")
     if not result["rows"]:  # a gate on "no SLOWER" must not pass on files that share nothing
         raise UsageError(f"no point (case, axes, variant) is in both {a.base} and {a.new}: nothing was compared")
-    if a.fail_on == "slower" and any(row["label"] == "SLOWER" for row in result["rows"]):
+    failing = {"slower": "SLOWER", "broken": "BROKEN"}
+    if any(row["label"] == failing[f] for f in a.fail_on or [] for row in result["rows"]):
         return 1
     return 0
 
@@ -155,8 +156,10 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("base")
     c.add_argument("new")
     c.add_argument("--format", choices=["text", "markdown"], default="text")
-    c.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change called real (default 2%%)")
-    c.add_argument("--fail-on", choices=["slower"], help="exit 1 when any case is SLOWER")
+    c.add_argument("--min-effect", type=min_effect_arg, default=0.02, help="smallest ratio change called real (default 2%%)")
+    c.add_argument("--fail-on", choices=["slower", "broken"], action="append",
+                   help="exit 1 when any point is SLOWER (slower), or OK in base and FAILED or SKIPPED in new "
+                        "(broken); repeatable")
     c.add_argument("--stat", type=_quantile, metavar="median|pN",
                    help="statistic compared: median (default) or a percentile like p5")
     c.add_argument("--relative", action="store_true",

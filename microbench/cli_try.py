@@ -214,6 +214,8 @@ def _scaffolded() -> list:
 
 
 def add_parser(sub) -> None:
+    from microbench.cli import min_effect_arg
+
     t = sub.add_parser("try", help="gate and time your own function as a variant of a case",
                        description="Load FUNCTION from FILE (any path) as a variant of CASE; check its signature "
                        "and its results at the case's small odd shapes, then gate and time it interleaved with "
@@ -229,7 +231,7 @@ def add_parser(sub) -> None:
     t.add_argument("--out", default="results", help="directory for the result file (default: results/)")
     t.add_argument("--budget-s", type=float, default=1.0, help="time budget per variant and point (s)")
     t.add_argument("--max-noise", type=float, default=0.005, help="stop when the median's relative noise is under this")
-    t.add_argument("--min-effect", type=float, default=0.02, help="smallest ratio change a verdict calls real")
+    t.add_argument("--min-effect", type=min_effect_arg, default=0.02, help="smallest ratio change a verdict calls real")
     t.add_argument("--mode", choices=["cold", "hot", "graph"], help="timing mode (default: cold on CUDA, hot on CPU)")
     t.add_argument("--repeat", type=int, default=1, help="passes over the sweep (default 1)")
     t.add_argument("--seed", type=int, default=0, help="input seed")

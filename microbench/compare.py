@@ -120,6 +120,8 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
     bpass, npass = b["timing"].get("passes"), n["timing"].get("passes")
     (bv, bp), (nv, np_) = _probe_samples(b), _probe_samples(n)
     probes = bool(bp and np_ and bv == nv)
+    if bp and np_ and bv != nv:
+        row["probe_versions"] = [bv, nv]
     if per_floor:
         floors = _per_floor(b, n)
         if isinstance(floors, str):
@@ -231,7 +233,7 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
         "rows": rows,
         "only_base": [_label(bmap[k]) for k in bmap if k not in nmap],
         "only_new": [_label(nmap[k]) for k in nmap if k not in bmap],
-        "env": environment_diff(base, new, rows),
+        "env": environment_diff(base, new, rows, min_effect),
         "quantile": q,
         "probe_correct": probe_correct,
         "relative": relative,
@@ -245,8 +247,10 @@ def _label(r: Mapping[str, Any]) -> str:
     return f"{r['case']} {' '.join(f'{k}={v}' for k, v in r['axes'].items())} {r['variant']}"
 
 
-def environment_diff(base: Mapping[str, Any], new: Mapping[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """Lines naming each difference that could explain a change without code."""
+def environment_diff(base: Mapping[str, Any], new: Mapping[str, Any], rows: list[dict[str, Any]],
+                     min_effect: float = 0.02) -> list[str]:
+    """Lines naming each difference that could explain a change without code; a probe's
+    move or a run's wander counts from ``min_effect``, the size a verdict calls real."""
     out = []
     fb, fn = base.get("fingerprint") or {}, new.get("fingerprint") or {}
     for label, path in ENV_FIELDS:
@@ -266,10 +270,15 @@ def environment_diff(base: Mapping[str, Any], new: Mapping[str, Any], rows: list
     envs = [r["env_ratio"] for r in rows if r.get("env_ratio")]
     if envs:
         g = stats.geomean(envs)
-        moved = abs(g - 1) > 0.02
+        moved = abs(g - 1) > min_effect
         out.append(f"environment probe {'moved' if moved else 'steady'}: ×{g:.3f} (geomean over {len(envs)} points)")
+    versions = sorted({tuple(r["probe_versions"]) for r in rows if r.get("probe_versions")}, key=str)
+    if versions:
+        pairs = ", ".join(f"{a} -> {b}" for a, b in versions)
+        out.append(f"environment probe version differs ({pairs}): another workload, so no point is set beside "
+                   "the environment's move")
     wand = [r["wander"] for r in rows if r.get("wander")]
-    if wand and max(wand) > 0.02:
+    if wand and max(wand) > min_effect:
         out.append(f"timings wandered within the runs (up to ±{100 * max(wand):.1f}% between blocks of one "
                    "measurement): intervals are widened by it, so changes smaller than that read UNSURE")
     for side, doc in (("base", base), ("new", new)):

@@ -89,21 +89,33 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     elif t.dtype == torch.bool:
         t.fill_(True)
     else:
-        t.fill_(max(INT_POISON, torch.iinfo(t.dtype).min))
+        # a type too narrow for INT_POISON gets its least plausible value: the most negative
+        # for a signed one, the largest for an unsigned one (its minimum, 0, is what an
+        # index or count most often is)
+        info = torch.iinfo(t.dtype)
+        t.fill_(info.max if info.min == 0 else max(INT_POISON, info.min))
     return t
 
 
 def compare(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, name: str = "out") -> MismatchReport:
     """Compare ``got`` with ``want`` elementwise in fp32: |got - want| <= atol + rtol*|want|.
 
-    Integer and bool outputs must match exactly. NaN/Inf in ``got`` always fail (a NaN in
-    ``want`` means a broken reference and is reported as such).
+    Integer and bool outputs must match exactly, whatever the reference's dtype. Complex
+    outputs are compared as their [..., 2] view of (real, imaginary) parts, each part with
+    the tolerance, and the report describes that view. NaN/Inf in ``got`` always fail (a
+    NaN in ``want`` means a broken reference and is reported as such).
     """
     rep = MismatchReport(name, list(got.shape), str(got.dtype).replace("torch.", ""), got.numel(), atol, rtol)
     if tuple(got.shape) != tuple(want.shape):
         rep.error = f"shape {tuple(got.shape)} but the reference has {tuple(want.shape)}"
         return rep
-    exact = not (got.is_floating_point() or want.is_floating_point())
+    if got.is_complex() or want.is_complex():
+        # a cast to a real dtype would keep the real part alone: compare the [..., 2] view
+        # of (real, imaginary) parts, and report on it
+        got = torch.view_as_real(got.detach().to(torch.complex64).resolve_conj())
+        want = torch.view_as_real(want.detach().to(torch.complex64).resolve_conj())
+        rep.shape, rep.numel = list(got.shape), got.numel()
+    exact = not got.is_floating_point()
     # compare where the output lives: a 1 GiB output compared on the host would cost
     # seconds and several GB of host memory
     g = got.detach().to(dtype=torch.float64 if exact else torch.float32)

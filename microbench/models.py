@@ -132,10 +132,11 @@ def _bool(d: Mapping[str, Any], key: str, label: str) -> bool:
 
 def _dtype(d: Mapping[str, Any], label: str) -> str:
     """The model's unquantised dtype (``torch_dtype``, or ``dtype`` in newer configs)."""
-    raw = d.get("torch_dtype", d.get("dtype", "bfloat16"))
+    key = "torch_dtype" if "torch_dtype" in d else "dtype"
+    raw = d.get(key, "bfloat16")
     name = _DTYPE_NAMES.get(str(raw).lower())
     if name is None:
-        raise ConfigError(f"{label}: key 'torch_dtype' has unsupported dtype {raw!r}")
+        raise ConfigError(f"{label}: key {key!r} has unsupported dtype {raw!r}")
     return name
 
 
@@ -219,8 +220,7 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], nested: bool,
     method = _str(qc, "quant_method", f"{label}: quantization_config")
     if method == "fp8":
         block = qc.get("weight_block_size")
-        if block is not None and not (isinstance(block, list) and len(block) == 2
-                                      and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        if block is not None and not _two_positive_ints(block):
             raise ConfigError(f"{label}: key 'weight_block_size' must be two positive integers, got {block!r}")
         # DeepSeek-V3 FP8 checkpoints store one fp32 `weight_scale_inv` per 128x128 block.
         src = f"{label}: quantization_config fp8 {qc.get('fmt', 'e4m3')} block {block}"
@@ -232,7 +232,7 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], nested: bool,
     ignore = qc.get("ignore") or []
     if not isinstance(groups, Mapping) or not isinstance(ignore, list):
         raise ConfigError(f"{label}: quantization_config config_groups must be an object and ignore a list")
-    moe_layer = text.get("first_k_dense_replace", 0)
+    moe_layer = _first_moe_layer(text)
     w = _ct_scheme(_module_names(f"{moe_layer}.mlp.experts.0.down_proj", nested), groups, ignore, label)
     attn = _ct_scheme(_module_names("0.self_attn.kv_b_proj", nested), groups, ignore, label)
     other = base if attn is None else _ct_storage(attn, label)
@@ -241,7 +241,9 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], nested: bool,
         return Quantization(base, None, None, None, f"{label}: compressed-tensors {fmt}, routed experts ignored", other)
     storage, strategy = _ct_storage(w, label), w.get("strategy")
     group = w.get("group_size") if strategy == "group" else None
-    block = tuple(w["block_structure"]) if strategy == "block" and w.get("block_structure") else None
+    block = w.get("block_structure") if strategy == "block" else None
+    if block is not None and not _two_positive_ints(block):
+        raise ConfigError(f"{label}: key 'block_structure' must be two positive integers, got {block!r}")
     if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group <= 0):
         raise ConfigError(f"{label}: key 'group_size' must be a positive integer, got {group!r}")
     sym = w.get("symmetric")
@@ -249,7 +251,23 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], nested: bool,
     # Without an explicit scale dtype, compressed-tensors stores scales in the model dtype.
     scale_name = _DTYPE_NAMES.get(str(scale).lower(), str(scale)) if scale is not None else base
     src = f"{label}: quantization_config compressed-tensors {fmt}, {strategy} strategy"
-    return Quantization(storage, group, None if sym is None else bool(sym), scale_name, src, other, block)
+    return Quantization(storage, group, None if sym is None else bool(sym), scale_name, src, other,
+                        tuple(block) if block else None)
+
+
+def _two_positive_ints(v: Any) -> bool:
+    return (isinstance(v, list) and len(v) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in v))
+
+
+def _first_moe_layer(text: Mapping[str, Any]) -> int:
+    """The first routed layer by the HF DeepseekV3 rule (i >= first_k_dense_replace and
+    i % moe_layer_freq == 0), whose experts' scheme is the one read; the values are
+    checked later, with the rest of the config."""
+    first, freq = text.get("first_k_dense_replace", 0), text.get("moe_layer_freq", 1)
+    if isinstance(first, int) and isinstance(freq, int) and first >= 0 and freq > 0:
+        return -(-first // freq) * freq
+    return 0
 
 
 # ---- ModelConfig ---------------------------------------------------------------------
@@ -456,11 +474,17 @@ def _split(total: int, parts: int, what: str, by: str) -> int:
     return total // parts
 
 
+def _whole_units(size: int, units: tuple[int, ...], what: str, storage: str, tp: int) -> None:
+    for unit in units:
+        if size % unit:
+            raise ConfigError(f"{what}={size} is not a multiple of the {storage} scale group of {unit} (tp={tp})")
+
+
 def rank_shapes(model: ModelConfig, layout: ParallelLayout) -> RankShapes:
     """Per-rank shapes of ``model`` under ``layout``; ConfigError when the layout does not
     split the model evenly (tp must divide heads, vocab and every TP-sharded intermediate
     size; ep must be 1 or tp and divide the experts; a quantised expert's per-rank K must
-    hold whole scale groups/blocks)."""
+    hold whole scale groups, and every FP8 per-rank intermediate whole [N, K] blocks)."""
     tp, ep = layout.tp, layout.ep
     if ep not in (1, tp):
         raise ConfigError(f"ep={ep} must be 1 (TP-sharded experts) or equal tp={tp} (EP-distributed experts)")
@@ -469,15 +493,18 @@ def rank_shapes(model: ModelConfig, layout: ParallelLayout) -> RankShapes:
     moe_inter = (_split(model.moe_intermediate_size, tp, "moe_intermediate_size", "tp") if ep == 1
                  else model.moe_intermediate_size)
     q = model.quant
-    # The down projection's K is the per-rank intermediate: a scale group or FP8 block
-    # split across ranks has no owner (servers reject such layouts at weight load).
-    unit = q.group_size or (q.weight_block[1] if q.weight_block else None)
-    if unit and moe_inter % unit:
-        raise ConfigError(f"moe_intermediate_per_rank={moe_inter} is not a multiple of the "
-                          f"{q.routed_experts} scale group of {unit} (tp={tp})")
+    # The per-rank intermediate is the gate/up projection's N and the down projection's K:
+    # a scale group (along K) or an FP8 block ([N, K]) split across ranks has no owner
+    # (servers reject such layouts at weight load).
+    blocks = tuple(dict.fromkeys(q.weight_block)) if q.weight_block else ()
+    _whole_units(moe_inter, (q.group_size,) if q.group_size else blocks, "moe_intermediate_per_rank",
+                 q.routed_experts, tp)
     shared = (_split(model.n_shared_experts * model.moe_intermediate_size, tp,
                      "n_shared_experts*moe_intermediate_size", "tp") if model.n_shared_experts else 0)
     dense = _split(model.intermediate_size, tp, "intermediate_size", "tp") if model.n_dense_layers else 0
+    if q.other == "fp8":  # the shared experts and the dense MLP are in the same blocks
+        _whole_units(shared, blocks, "shared_intermediate_per_rank", "fp8", tp)
+        _whole_units(dense, blocks, "dense_intermediate_per_rank", "fp8", tp)
     return RankShapes(
         model=model, layout=layout, heads_per_rank=heads, q_head_dim=model.qk_head_dim,
         kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim,

@@ -36,7 +36,7 @@ buffer of 2x the last-level cache before each sample.
 
 The stopping rule is shared by every mode (:func:`stop_reason`): take at least
 ``min_samples`` samples and ``min_time_s`` of measured time, then stop as soon as the
-relative noise of the median (half-width of its 95% CI / median) is under
+relative noise of the median (half-width of its 95% CI / median) is at most
 ``max_noise``; stop anyway at ``budget_s`` of wall time or ``max_samples``. Which rule
 ended the measurement is recorded, so a number that hit the budget says so. The noise is
 never under half the timer's tick over the median (:mod:`microbench.stats`): a µs-scale
@@ -89,7 +89,7 @@ class TimingOptions:
             raise ValueError(f"timing mode {self.mode!r} is not one of {', '.join(MODES)}")
         if self.min_samples < 1 or self.max_samples < self.min_samples:
             raise ValueError("need 1 <= min_samples <= max_samples")
-        if self.budget_s <= 0 or self.max_noise <= 0:
+        if not (self.budget_s > 0 and self.max_noise > 0):  # NaN fails as well
             raise ValueError("budget_s and max_noise must be positive")
 
     def resolved_min_sample_s(self, device: str) -> float:
@@ -215,7 +215,7 @@ def run_interleaved(
     k = len(takes)
     batches = list(batches) if batches is not None else [1] * k
     resolutions = list(resolutions) if resolutions is not None else [0.0] * k
-    shared = replace(opts, budget_s=opts.budget_s * k, max_samples=opts.max_samples)
+    shared = replace(opts, budget_s=opts.budget_s * k)  # max_samples stays per variant
     least = opts.min_samples if k == 1 else max(opts.min_samples, MIN_ROTATIONS * k)
     all_samples: list[list[float]] = [[] for _ in takes]
     measured = [0.0] * k

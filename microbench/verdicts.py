@@ -119,6 +119,8 @@ class Verdict:
             why = f"too few samples for an interval (n={self.n_base}/{self.n_new}, need {MIN_SAMPLES})"
         elif self.method == "paired-median" and math.isinf(self.hi):
             why = f"too few whole rotations of the interleaved order for an interval (need {MIN_SAMPLES})"
+        elif self.env_ratio is not None and math.isinf(self.hi):
+            why = f"too few samples of the environment probe for an interval (need {MIN_SAMPLES} a side)"
         else:
             why = {
                 "SLOWER": f"whole interval at least {e:.1%} slower",
@@ -378,17 +380,6 @@ def t_quantile(p: float, df: int) -> float:
     v = float(df)
     return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
-
-
-def env_wander(probe_medians: Sequence[float]) -> float:
-    """Log-space sigma of the environment's wander within one run, from the probe's
-    median at each point (the same work every time, so its spread is the environment's).
-    A robust spread (1.4826 x MAD) so one disturbed point does not set it; 0 when fewer
-    than 4 points."""
-    x = np.log(np.asarray([m for m in probe_medians if m and m > 0], dtype=np.float64))
-    if x.size < 4:
-        return 0.0
-    return float(1.4826 * np.median(np.abs(x - np.median(x))))
 
 
 def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: bool,

@@ -13,7 +13,7 @@ from microbench.budget_table import render
 from microbench.cli import main
 from microbench.hardware import load_profile
 from microbench.measured import Measured
-from microbench.models import ConfigError, ParallelLayout, load_model
+from microbench.models import ConfigError, ModelConfig, ParallelLayout, cases_dir, load_model
 
 #: round numbers, so every expected value below is worked out by hand
 PROFILE = {
@@ -42,6 +42,24 @@ def round_hw(tmp_path):
 
 def _scenario(hw, **kw):
     return Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(8, 1), hw=hw, **kw)
+
+
+def _hw(tmp_path, **figures):
+    """The round profile with some figures' values changed."""
+    prof = json.loads(json.dumps(PROFILE))
+    for k, v in figures.items():
+        prof["figures"][k]["value"] = v
+    p = tmp_path / "edited.json"
+    p.write_text(json.dumps(prof))
+    return load_profile(str(p))
+
+
+def _model(name, **text):
+    """A shipped model config with some of its keys changed."""
+    with open(f"{cases_dir('models')}/{name}.json", encoding="utf-8") as f:
+        raw = json.load(f)
+    (raw.get("text_config") or raw).update(text)
+    return ModelConfig.from_hf(raw, name=name)
 
 
 def _line(lines, prefix):
@@ -94,6 +112,88 @@ def test_layers_steps_launches_and_throughput_compose(round_hw):
     d = est.totals["draft"][("decode", "graph")]
     assert d == pytest.approx(3 * (est.totals["dense layer"][("decode", "graph")]
                                    + sum(x.seconds("decode", "graph") for x in est.step)))
+
+
+def test_more_hand_computed_lines(round_hw):
+    b = budget(_scenario(round_hw, batch=1, context=4096, draft_tokens=3))
+    # the decode kernel reads the 576-wide latent of 4096 tokens once, not once per head
+    att = _line(b.moe_layer, "attention core").seconds("decode", "graph")
+    assert att == pytest.approx((4096 * 576 + 1 * 8 * (576 + 512)) * 2 / 1e12)
+    # seven tiny kernels at one token: each costs the kernel floor (1 us), not its few KB
+    small = _line(b.moe_layer, "norms").cells[("decode", "graph")]
+    assert small.seconds == pytest.approx(7e-6) and "floor-bound" in small.source
+    # the dense MLP: [1, 7168] x [7168, 2 x 2304], [1, 2304] x [2304, 7168] and the SiLU-and-mul
+    dense = (7168 * 4608 + 7168 + 4608 + 2304 * 7168 + 2304 + 7168 + 3 * 2304) * 2 / 1e12
+    assert _line(b.dense_layer, "dense MLP").seconds("decode", "graph") == pytest.approx(dense)
+    # 2048 tokens (batch 512 x 4) make the lm_head GEMM compute-bound at 1 PFLOP/s
+    head = _line(budget(_scenario(round_hw, batch=512)).step, "final norm + lm_head").cells[("verify", "graph")]
+    assert head.seconds == pytest.approx(2 * 2048 * 7168 * 20480 / 1e15) and "compute-bound" in head.source
+
+
+def test_fp8_experts_and_a_direct_query_projection(round_hw):
+    b = budget(Scenario(model=_model("deepseek-v3", q_lora_rank=None), layout=ParallelLayout(8, 1), hw=round_hw))
+    # T = 1 touches 8 of 256 experts of 3 x 7168 x 256 FP8 weights: one byte each
+    experts = _line(b.moe_layer, "routed experts").seconds("decode", "graph")
+    assert experts == pytest.approx((8 * 3 * 7168 * 256 + 2 * 7168 * 2) / 1e12)
+    # q_lora_rank null: no q_a in the fused projection, and q_b reads the hidden state itself
+    shapes = [(7168, 512 + 64), (7168, 16 * 192), (128, 512 * 16), (512, 128 * 16), (16 * 128, 7168)]
+    proj = _line(b.moe_layer, "attention projections").seconds("decode", "graph")
+    assert proj == pytest.approx(sum((k * n + k + n) * 2 for k, n in shapes) / 1e12)
+
+
+def test_expert_parallel_ranks_own_whole_experts(round_hw):
+    ep = Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(8, 8), hw=round_hw)
+    # T = 1 touches 8 of 384 experts; a rank owns 48, so it expects one whole 2048-wide expert
+    per_expert = 3 * 7168 * 2048 / 2 + 3 * 7168 * 2048 / 32 * 2
+    experts = _line(budget(ep).moe_layer, "routed experts").seconds("decode", "graph")
+    assert experts == pytest.approx((1 * per_expert + 2 * 7168 * 2) / 1e12)
+    # what moe.experts measured on the EP layout replaces it; the TP layout's record does not
+    recs = [_rec("moe.experts", "fused", {"layout": layout, "weights": "int4", "tokens": 1, "routing": "router",
+                                          "dtype": "bf16"}, t)
+            for layout, t in (("kimi-tp8", 30e-6), ("kimi-ep8", 40e-6))]
+    assert _line(budget(ep, Measured([_gpu_doc(recs)])).moe_layer, "routed experts").seconds("decode", "eager") == 40e-6
+
+
+def test_one_rank_has_no_allreduce(round_hw):
+    b = budget(Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(1, 1), hw=round_hw))
+    ar = _line(b.moe_layer, "allreduce").cells[("decode", "eager")]
+    assert (ar.seconds, ar.source) == (0.0, "no allreduce at tp 1")
+
+
+def test_eager_layers_pay_their_launches_when_the_host_is_slower(tmp_path):
+    # 1 ms a launch: every layer is launch-bound in eager mode, and graph replay hides it all
+    b = budget(_scenario(_hw(tmp_path, launch_overhead=1e-3)))
+    # 7 small kernels + 5 GEMMs + attention (2 decode; 1 extend) + 2 allreduces + router 2 + experts 5 + shared 3
+    assert b.moe_layer[-1].launches == {"decode": 26, "verify": 25}
+    for p, n in (("decode", 26), ("verify", 25)):
+        gpu = sum(x.seconds(p, "graph") for x in b.moe_layer[:-1])
+        assert b.totals["moe layer"][(p, "eager")] == pytest.approx(n * 1e-3)
+        assert b.moe_layer[-1].seconds(p, "eager") == pytest.approx(n * 1e-3 - gpu) and n * 1e-3 > gpu
+        assert b.moe_layer[-1].seconds(p, "graph") == 0.0 and b.totals["moe layer"][(p, "graph")] == pytest.approx(gpu)
+    assert b.totals["dense layer"][("decode", "eager")] == pytest.approx((7 + 5 + 2 + 2 + 3) * 1e-3)
+
+
+def test_the_step_counts_layers_as_the_model_does(round_hw):
+    # every other layer routed (30 MoE, 32 dense of 62) and no shared expert in the MoE layer
+    model = _model("kimi-k2.5", num_hidden_layers=62, moe_layer_freq=2, n_shared_experts=0)
+    b = budget(Scenario(model=model, layout=ParallelLayout(8, 1), hw=round_hw))
+    assert not any(x.name.startswith("shared expert") for x in b.moe_layer)
+    assert b.moe_layer[-1].launches == {"decode": 23, "verify": 22}
+    for key in (("decode", "graph"), ("verify", "eager")):
+        step = (30 * b.totals["moe layer"][key] + 32 * b.totals["dense layer"][key]
+                + sum(x.seconds(*key) for x in b.step))
+        assert b.totals["step"][key] == pytest.approx(step)
+
+
+def test_the_summary_speedup_and_a_fully_accepted_draft(round_hw):
+    # accept_len may reach draft_tokens + 1: every draft accepted, plus the verify step's own token
+    b = budget(_scenario(round_hw, batch=2, draft_tokens=3, accept_len=4.0))
+    for mode in ("eager", "graph"):
+        s = b.summary(mode)
+        assert s["spec_tok_s"] == pytest.approx(2 * 4.0 / s["spec_step_s"])
+        assert s["speedup"] == pytest.approx(s["spec_tok_s"] / s["decode_tok_s"])
+        # the draft phase is one thing, whichever step it is set beside
+        assert b.totals["draft"][("verify", mode)] == b.totals["draft"][("decode", mode)]
 
 
 def _gpu_doc(records, device="cuda"):
@@ -201,6 +301,7 @@ def test_the_hardware_follows_the_results_gpu(capsys, tmp_path, gpus, profile, w
     (["--model", "gpt-9"], "unknown model 'gpt-9'"),
     (["--batch", "0"], "--batch must be at least 1"),
     (["--attention", "flash"], "--attention 'flash'"),
+    (["--draft-ms", "-1"], "--draft-ms must not be negative"),
     (["--results", "/nonexistent.json"], "no such file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):

@@ -67,6 +67,15 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv", [["run", *QUICK, "--plan"], ["compare", "a.json", "b.json"],
+                                  ["try", "x.py::f", "--case", "norm.rmsnorm"]])
+@pytest.mark.parametrize("value", ["-0.01", "nan", "inf", "2%"])
+def test_a_min_effect_that_is_no_fraction_is_refused_by_the_parser(capsys, argv, value):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--min-effect", value])
+    assert e.value.code == 2 and f"argument --min-effect: '{value}': a fraction >= 0" in capsys.readouterr().err
+
+
 def test_cuda_requested_without_cuda_is_a_clear_error(capsys):
     if torch.cuda.is_available():
         pytest.skip("has CUDA")
@@ -131,6 +140,51 @@ def test_fail_on_slower_exits_1(tmp_path, capsys):
     assert "SLOWER" in capsys.readouterr().out
     assert main(["compare", b, a, "--fail-on", "slower"]) == 0  # faster is not a failure
     assert main(["compare", a, b]) == 0  # without --fail-on a verdict never fails the command
+
+
+def test_fail_on_slower_exits_1_when_any_one_case_is_slower(tmp_path, capsys):
+    """One SLOWER case among cases that are SAME still fails the gate."""
+    import numpy as np
+
+    from microbench.results import ResultWriter
+    from microbench.stats import summarize
+
+    rng = np.random.default_rng(2)
+    paths = []
+    for name, scale in (("a", 1.0), ("b", 1.2)):
+        w = ResultWriter(str(tmp_path / name), {"device": "cpu"}, {"git": {}, "host": {}})
+        for v, f in (("same", 1.0), ("slower", scale)):
+            s = list(1e-4 * f * rng.lognormal(0, 0.02, 300))
+            w.add([{"case": "c", "axes": {"n": 1}, "variant": v, "status": "OK",
+                    "timing": {"samples_s": s, "summary": summarize(s).to_dict(), "mode": "hot"}}])
+        paths.append(w.close(complete=True))
+    assert main(["compare", *paths, "--fail-on", "slower"]) == 1
+    assert "verdicts: 1 SAME, 1 SLOWER" in capsys.readouterr().out
+    assert main(["compare", *paths, "--fail-on", "broken"]) == 0
+
+
+def test_fail_on_broken_exits_1_when_a_point_that_was_ok_failed(tmp_path, capsys):
+    import numpy as np
+
+    from microbench.results import ResultWriter
+    from microbench.stats import summarize
+
+    rng = np.random.default_rng(3)
+    paths = []
+    for name, status in (("a", "OK"), ("b", "FAILED")):
+        w = ResultWriter(str(tmp_path / name), {"device": "cpu"}, {"git": {}, "host": {}})
+        s = list(1e-4 * rng.lognormal(0, 0.02, 300))
+        rec = {"case": "c", "axes": {"n": 1}, "variant": "v", "status": status, "reason": None}
+        if status == "OK":
+            rec["timing"] = {"samples_s": s, "summary": summarize(s).to_dict(), "mode": "hot"}
+        else:
+            rec["reason"] = "incorrect: out (8,) float32: 3/8 elements off"
+        w.add([rec])
+        paths.append(w.close(complete=True))
+    assert main(["compare", *paths, "--fail-on", "slower"]) == 0  # a broken point is not a slower one
+    assert main(["compare", *paths, "--fail-on", "slower", "--fail-on", "broken"]) == 1
+    assert "BROKEN" in capsys.readouterr().out
+    assert main(["compare", paths[1], paths[0], "--fail-on", "broken"]) == 0  # fixed is not broken
 
 
 def test_compare_filters_keep_the_base_side_of_a_mapped_variant(tmp_path, capsys):

@@ -291,3 +291,134 @@ def test_within_run_and_relative_verdicts_hold_each_median_to_half_a_tick():
 
     row = compare.compare_runs(run({4: 0.8, 5: 0.2}), run({4: 0.2, 5: 0.8}), relative=True)["rows"][1]
     assert row["label"] == "UNSURE" and row["lo"] <= 1.0, row
+
+
+def test_environment_differences_are_named_whichever_side_has_them():
+    """Throttling, heat and fields seen in the base run only, a field one file lacks, the
+    power limit; an SM clock 3% apart is a note (past 2%), 1% apart is not."""
+    rng = np.random.default_rng(13)
+    fp_a = {"nvml": {"gpu": {"power_limit_w": 700.0}}, "software": {"torch": "2.11", "triton": "3.5"}}
+    fp_b = {"nvml": {"gpu": {"power_limit_w": 500.0}}, "software": {"torch": "2.11"}}
+    hot = {"sm_clock_mhz": {"mean": 2000.0}, "throttle_reasons": ["hw_slowdown"], "temperature_c": {"max": 50}}
+    cool = {"sm_clock_mhz": {"mean": 1940.0}, "throttle_reasons": [], "temperature_c": {"max": 60}}
+    base = _doc({"k": _samples(rng), "k2": _samples(rng)}, fp_a, hot, device="cuda")
+    base["records"][1]["clocks"] = {**hot, "temperature_c": {"max": 80}}  # the run's hottest case
+    new = _doc({"k": _samples(rng), "k2": _samples(rng)}, fp_b, cool, device="cuda")
+    res = compare.compare_runs(base, new)
+    env = "\n".join(res["env"])
+    for text in ("power limit (W): 700.0 -> 500.0", "triton: 3.5 -> None", "throttle reasons seen during cases: hw_slowdown",
+                 "max GPU temperature during cases: 80 -> 60 °C", "SM clock differs by more than 2% in 2 of 2 cases"):
+        assert text in env, (text, env)
+    assert "torch" not in env
+    notes = "; ".join(res["rows"][0]["notes"])
+    assert "SM clock 2000->1940 MHz (-3.0%)" in notes and "throttled: hw_slowdown" in notes
+    near = _doc({"k": _samples(rng)}, clocks={**hot, "sm_clock_mhz": {"mean": 1980.0}, "throttle_reasons": []})
+    row = compare.compare_runs(_doc({"k": _samples(rng)}, clocks={**hot, "throttle_reasons": []}), near)["rows"][0]
+    assert not any("SM clock" in n for n in row["notes"]), row["notes"]
+
+
+def test_a_probe_of_another_version_is_no_environment_ratio_and_a_move_against_it_is_not_with_it():
+    rng = np.random.default_rng(14)
+    p1 = {"version": 1, "samples_s": _samples(rng, n=200)}
+    p2 = {"version": 2, "samples_s": _samples(rng, n=200, scale=1.2 * T0)}
+    res = compare.compare_runs(_doc({"k": _samples(rng)}, probe=p1), _doc({"k": _samples(rng)}, probe=p2))
+    row = res["rows"][0]
+    assert row["env_ratio"] is None and not any("environment" in n for n in row["notes"]), row
+    assert not any("environment probe moved" in line or "steady" in line for line in res["env"])
+    assert "environment probe version differs (1 -> 2): another workload, so no point is set beside the " \
+           "environment's move" in res["env"]
+    # the probe 20% slower, this case 10% faster: the environment is noted, not "moved with it"
+    p2["version"] = 1
+    row = compare.compare_runs(_doc({"k": _samples(rng)}, probe=p1),
+                               _doc({"k": _samples(rng, scale=T0 / 1.1)}, probe=p2))["rows"][0]
+    notes = "; ".join(row["notes"])
+    assert "environment +20" in notes and "moved with it" not in notes, notes
+
+
+def test_rows_and_run_lines_say_what_differs_besides_the_times():
+    rng = np.random.default_rng(15)
+    base = _doc({"a": _samples(rng), "b": _samples(rng)}, status={"a": "FAILED"})
+    new = _doc({"a": _samples(rng), "b": _samples(rng)})
+    new["records"][1]["timing"]["mode"] = "cold"
+    new["run"]["complete"] = False
+    res = compare.compare_runs(base, new)
+    assert res["rows"][0]["label"] == "FAILED->OK"  # fixed, not broken
+    assert compare.compare_runs(base, base)["rows"][0]["label"] == "FAILED->FAILED"  # broken before, not by new
+    assert "timing mode hot vs cold" in res["rows"][1]["notes"]
+    assert "new run is incomplete (interrupted or crashed): only its finished cases compared" in res["env"]
+    assert not any(line.startswith("base run") for line in res["env"])
+
+
+def test_a_short_record_borrows_the_median_wander_of_the_run():
+    rng = np.random.default_rng(16)
+
+    def run():
+        recs = {}
+        for name, jump in (("calm", 1.01), ("mid", 1.05), ("wild", 1.3)):
+            x = np.array(_samples(rng, n=400, sigma=0.005))
+            x[200:] *= jump
+            recs[name] = list(x)
+        recs["short"] = _samples(rng, n=10, sigma=0.005)
+        return _doc(recs)
+
+    rows = {r["variant"]: r for r in compare.compare_runs(run(), run())["rows"]}
+    own = [rows[v]["wander"] for v in ("calm", "mid", "wild")]
+    assert own[0] < own[1] < own[2]
+    assert rows["short"]["wander"] == pytest.approx(own[1]) and rows["short"]["wander_df"] == 0
+
+
+def test_relative_compare_needs_rounds_of_equal_count():
+    rng = np.random.default_rng(17)
+    d = _interleaved_doc(rng, {"anchor": 1.0, "work": 1.0})
+    d["records"][1]["timing"]["samples_s"] = d["records"][1]["timing"]["samples_s"][:500]
+    row = compare.compare_runs(d, copy.deepcopy(d), relative=True)["rows"][1]
+    assert row["label"] == "n/a" and "--interleave" in row["notes"][0]
+
+
+def test_a_quantile_and_the_min_effect_are_what_the_table_shows():
+    rng = np.random.default_rng(18)
+    bs, ns = _samples(rng, sigma=0.1), _samples(rng, sigma=0.1)
+    res = compare.compare_runs(_doc({"k": bs}), _doc({"k": ns}), quantile=0.2, min_effect=0.05)
+    row = res["rows"][0]
+    assert row["base_time"] == np.quantile(bs, 0.2) and row["new_time"] == np.quantile(ns, 0.2)
+    text = compare.render(res)
+    assert "ratio of the p20, min effect 5%" in text and "base p20" in text
+
+
+def test_a_floor_of_zero_is_no_floor():
+    rng = np.random.default_rng(19)
+    base, new = _floored(_doc({"k": _samples(rng)}), 0.8 * T0), _floored(_doc({"k": _samples(rng)}), 0.0)
+    row = compare.compare_runs(base, new, per_floor=True)["rows"][0]
+    assert row["label"] == "n/a" and row["notes"][0].startswith("per floor: no floor for this point")
+
+
+def test_within_run_merges_the_rotation_of_an_interleaved_order():
+    """Two variants interleaved with their order rotated round by round, the one timed
+    first in a round 10% slower: per round the ratio swings ×1.1 / ×0.91, per whole
+    rotation it is ×1 — the same code reads SAME only when the rotation is merged."""
+    rng = np.random.default_rng(22)
+    n = 400
+    first = np.where(np.arange(n) % 2 == 0, 1.1, 1.0)  # base first in even rounds, new first in odd ones
+    base = {"samples_s": list(T0 * first * rng.lognormal(0.0, 0.005, n)), "rotation": 2}
+    new = {"samples_s": list(T0 * first[::-1] * rng.lognormal(0.0, 0.005, n)), "rotation": 2}
+    v = verdicts.within_run(base, new, interleaved=True)
+    assert v.label == "SAME" and abs(v.ratio - 1) < 0.005, v.explain()
+    assert verdicts.within_run(base, {**new, "rotation": 1}, interleaved=True).label == "UNSURE"
+
+
+def test_the_environment_section_counts_a_move_from_the_min_effect():
+    """A probe 3% slower is a move at a 2% min effect, steady at 5%; so is a run's wander."""
+    rng = np.random.default_rng(23)
+    p1 = {"version": 1, "samples_s": _samples(rng, n=200, sigma=0.002)}
+    p2 = {"version": 1, "samples_s": _samples(rng, n=200, sigma=0.002, scale=1.03 * T0)}
+
+    def wandering():
+        x = np.array(_samples(rng, n=400, sigma=0.002))
+        x[200:] *= 1.03
+        return list(x)
+
+    base, new = _doc({"k": wandering()}, probe=p1), _doc({"k": wandering()}, probe=p2)
+    for effect, word in ((0.02, "moved"), (0.05, "steady")):
+        env = "\n".join(compare.compare_runs(base, new, min_effect=effect)["env"])
+        assert f"environment probe {word}: ×1.03" in env, (effect, env)
+        assert ("timings wandered" in env) == (effect == 0.02), (effect, env)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -80,3 +82,98 @@ def test_returned_outputs_and_in_place_inputs_are_checked():
 def test_nothing_to_check_says_so_instead_of_passing_silently():
     g = check_variant(lambda: None, {}, {}, {}, atol=0, rtol=0, seed=3)
     assert not g.checked and "no output" in g.summary()
+
+
+def _seeded(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_bound_is_atol_plus_rtol_times_the_references_magnitude():
+    # |want| in [1, 2], both signs: rtol=0.5 allows 0.5|want| + 1e-3, whatever the sign
+    # and however far the output itself is off (the bound is not taken from |got|)
+    want = (1 + torch.rand(64, generator=torch.Generator().manual_seed(7))) * _seeded(64, seed=8).sign()
+    assert compare(want * 1.4, want, atol=1e-3, rtol=0.5).passed
+    assert compare(want * 0.6, want, atol=1e-3, rtol=0.5).passed
+    assert compare(want * 1.6, want, atol=1e-3, rtol=0.5).mismatched == 64
+    assert compare(want + 2e-3, want, atol=1e-3, rtol=0.0).mismatched == 64
+    assert compare(want + 5e-4, want, atol=1e-3, rtol=0.0).passed
+
+
+def test_the_worst_element_is_the_one_furthest_past_its_bound_with_its_got_and_want():
+    want = _seeded(8, 8, seed=2)
+    want[1, 2], want[5, 6] = 100.0, 0.5
+    got = want.clone()
+    got[1, 2] += 2.0  # the largest error, but within 5% of 100
+    got[5, 6] += 0.25  # a smaller one, 0.22 past its bound
+    assert compare(want.clone(), want, atol=1e-3, rtol=0.05).worst_index is None  # a pass has no worst
+    rep = compare(got, want, atol=1e-3, rtol=0.05)
+    assert rep.mismatched == 1 and rep.worst_index == [5, 6]
+    assert rep.worst_got == pytest.approx(0.75) and rep.worst_want == pytest.approx(0.5)
+    assert rep.max_abs == pytest.approx(2.0) and rep.max_rel == pytest.approx(0.5)  # relative to want
+    got[0, 0] = float("nan")  # a NaN is the worst, but the max errors stay the finite ones
+    rep = compare(got, want, atol=1e-3, rtol=0.05)
+    assert rep.mismatched == 2 and rep.worst_index == [0, 0] and math.isnan(rep.worst_got)
+    assert rep.max_abs == pytest.approx(2.0) and rep.max_rel == pytest.approx(0.5)
+
+
+def test_a_transposed_output_is_a_shape_error_not_compared_element_by_element():
+    want = _seeded(2, 3, seed=3)
+    rep = compare(want.t().contiguous(), want, atol=1, rtol=1)
+    assert not rep.passed and "shape (3, 2) but the reference has (2, 3)" in str(rep)
+
+
+def test_large_integers_off_by_one_fail_and_a_float_output_of_an_integer_reference_has_tolerance():
+    gen = torch.Generator().manual_seed(5)
+    want = torch.randint(1 << 30, 1 << 40, (16,), generator=gen, dtype=torch.int64)  # past fp32's 2**24
+    got = want.clone()
+    got[7] += 1
+    rep = compare(got, want, atol=0, rtol=0)
+    assert rep.mismatched == 1 and rep.worst_index == [7] and rep.worst_got == float(want[7]) + 1
+    small = torch.randint(-50, 50, (16,), generator=gen)
+    assert compare(small.float() + 1e-4 * _seeded(16, seed=6), small, atol=1e-3, rtol=0).passed
+
+
+def test_every_output_must_pass_and_the_failing_ones_alone_are_summed_and_summarized():
+    a, b = _seeded(5, seed=9), _seeded(7, seed=10)
+
+    def one_wrong(a, b, x, y):
+        x.copy_(a)
+        y.copy_(b)
+        y[2] += 1.0
+
+    g = check_variant(one_wrong, {"a": a, "b": b}, {"x": torch.empty(5), "y": torch.empty(7)},
+                      {"x": a.clone(), "y": b.clone(), "z": b.clone()}, atol=1e-6, rtol=0, seed=9)
+    assert [r.passed for r in g.reports] == [True, False, False] and not g.passed
+    assert g.wrong == 1 + 7  # y's one element off, and every element of z, never produced
+    assert g.summary().startswith("y (7,) float32: 1/7 elements off; worst at (2,)")
+    assert g.summary().endswith("; z: not produced")
+
+
+@pytest.mark.parametrize("dtype, poison", [(torch.uint8, 255), (torch.int8, -128), (torch.int16, -(2**15)),
+                                           (torch.int64, INT_POISON)])
+def test_a_narrow_integer_is_poisoned_with_its_least_plausible_value(dtype, poison):
+    # an unsigned type's minimum is 0, the value an index or count most often is: an
+    # element left unwritten over a 0 in the reference would pass
+    assert (poison_(torch.empty(4, dtype=dtype)) == poison).all()
+    want = torch.tensor([3, 0, 7, 0], dtype=dtype)
+    g = check_variant(_copy_skips_last, {"src": want}, {"dst": torch.empty(4, dtype=dtype)}, {"dst": want.clone()},
+                      atol=0, rtol=0, seed=4)
+    assert not g.passed and g.reports[0].worst_index == [3]
+
+
+def test_complex_outputs_are_compared_in_both_parts():
+    gen = torch.Generator().manual_seed(11)
+    want = torch.complex(torch.randn(6, generator=gen), torch.randn(6, generator=gen))
+    assert compare(want.clone(), want, atol=1e-6, rtol=0).passed
+    rep = compare(want.conj(), want, atol=1e-6, rtol=0)  # the same real parts
+    assert rep.mismatched == 6 and rep.worst_index[-1] == 1  # off in the imaginary part
+    assert str(rep).startswith("out (6, 2) complex64: 6/12 elements off")
+    got = want.clone()
+    got[4] = complex(float("nan"), 0.0)
+    assert compare(got, want, atol=1e-6, rtol=0).nan == 1
+
+
+def test_an_integer_output_matches_a_float_reference_exactly():
+    want = torch.tensor([3.0, 4.4, -2.0])
+    assert compare(torch.tensor([3, 4, -2]), want, atol=0.5, rtol=0.5).mismatched == 1
+    assert compare(torch.tensor([3, 4, -2]), torch.tensor([3.0, 4.0, -2.0]), atol=0, rtol=0).passed

@@ -70,6 +70,24 @@ def test_shipped_config_fields(name: str, expected: dict) -> None:
     assert model.n_moe_layers == 61 - expected["first_k_dense_replace"]
 
 
+def test_moe_layer_freq_follows_the_hf_rule() -> None:
+    # HF DeepseekV3: layer i routes when i >= first_k_dense_replace and i % moe_layer_freq == 0
+    raw = _raw("models", "kimi-k2.5")
+    raw["text_config"].update(num_hidden_layers=62, first_k_dense_replace=1, moe_layer_freq=2)
+    model = ModelConfig.from_hf(raw, name="k")
+    assert model.moe_layer_freq == 2
+    assert (model.n_moe_layers, model.n_dense_layers) == (30, 32)  # layers 2, 4, ..., 60 route; the rest are dense
+
+
+def test_no_shared_experts_and_no_dense_layers() -> None:
+    raw = _raw("models", "kimi-k2.5")
+    raw["text_config"].update(n_shared_experts=0, first_k_dense_replace=0)
+    model = ModelConfig.from_hf(raw, name="k")
+    assert (model.n_shared_experts, model.n_dense_layers, model.n_moe_layers) == (0, 0, 61)
+    s = rank_shapes(model, ParallelLayout(tp=8))
+    assert (s.shared_intermediate_per_rank, s.dense_intermediate_per_rank) == (0, 0)
+
+
 def test_list_models() -> None:
     assert list_models() == ["deepseek-v3", "kimi-k2.5"]
 
@@ -98,6 +116,29 @@ def test_ignored_experts_stay_bf16() -> None:
     raw = _raw("models", "kimi-k2.5")
     raw["quantization_config"]["ignore"].append("re:.*mlp.*")
     assert ModelConfig.from_hf(raw, name="k").quant.routed_experts == "bf16"
+
+
+@pytest.mark.parametrize("entry, routed", [
+    ("down_proj", "bf16"),  # a trailing component of every expert's down projection
+    ("proj", "int4"),  # a plain entry is a whole dotted component, not any suffix of the name
+    (r"re:.*layers\.0\..*", "int4"),  # the dense layer 0 left unquantised says nothing of the experts
+])
+def test_ignore_entries_match_whole_components_of_the_first_moe_layer(entry: str, routed: str) -> None:
+    raw = _raw("models", "kimi-k2.5")
+    raw["quantization_config"]["ignore"].append(entry)
+    assert ModelConfig.from_hf(raw, name="k").quant.routed_experts == routed
+
+
+def test_compressed_tensors_fp8_blocks_and_quantised_attention() -> None:
+    # every Linear but lm_head in FP8 128x128 blocks: experts and attention alike; the
+    # group_size a block scheme carries along is not a scale group
+    raw = _raw("models", "kimi-k2.5")
+    qc = raw["quantization_config"]
+    qc["config_groups"]["group_0"]["weights"].update(num_bits=8, type="float", strategy="block",
+                                                     block_structure=[128, 128])
+    qc["ignore"] = ["lm_head"]
+    q = ModelConfig.from_hf(raw, name="k").quant
+    assert (q.routed_experts, q.other, q.weight_block, q.group_size) == ("fp8", "fp8", (128, 128), None)
 
 
 def test_flat_form_and_nested_quantization_config() -> None:
@@ -150,6 +191,19 @@ def test_missing_key_in_file_names_file(tmp_path) -> None:
         load_model(str(path))
 
 
+def test_q_lora_rank_may_be_null_but_not_missing() -> None:
+    # null: a direct query projection; absent: a key the config lost, named like any other
+    raw = _raw("models", "deepseek-v3")
+    del raw["q_lora_rank"]
+    with pytest.raises(ConfigError, match=r"^d: missing key 'q_lora_rank'$"):
+        ModelConfig.from_hf(raw, name="d")
+
+
+def test_text_config_must_be_an_object() -> None:
+    with pytest.raises(ConfigError, match=r"^k: key 'text_config' must be an object$"):
+        ModelConfig.from_hf({"text_config": ["hidden_size"]}, name="k")
+
+
 @pytest.mark.parametrize("key, value, pattern", [
     ("hidden_size", 0, r"'hidden_size' must be positive, got 0"),
     ("num_attention_heads", -64, r"'num_attention_heads' must be positive"),
@@ -162,6 +216,8 @@ def test_missing_key_in_file_names_file(tmp_path) -> None:
     ("scoring_func", 3, r"'scoring_func' must be a non-empty string"),
     ("routed_scaling_factor", "2.8", r"'routed_scaling_factor' must be a number"),
     ("num_experts_per_tok", 500, r"num_experts_per_tok=500 exceeds n_routed_experts=384"),
+    ("first_k_dense_replace", 62, r"first_k_dense_replace=62 exceeds num_hidden_layers=61"),
+    ("n_group", 5, r"n_group=5 does not divide n_routed_experts=384"),
 ])
 def test_bad_values_named(key: str, value, pattern: str) -> None:
     raw = _raw("models", "kimi-k2.5")
@@ -227,6 +283,21 @@ def test_tp_not_dividing_heads(kimi: ModelConfig) -> None:
         rank_shapes(kimi, ParallelLayout(tp=7))
 
 
+def test_tp_not_dividing_vocab() -> None:
+    raw = _raw("models", "kimi-k2.5")
+    raw["text_config"]["vocab_size"] = 163841
+    with pytest.raises(ConfigError, match=r"^tp=8 does not divide vocab_size=163841$"):
+        rank_shapes(ModelConfig.from_hf(raw, name="k"), ParallelLayout(tp=8))
+
+
+def test_shared_experts_are_tp_sharded_together() -> None:
+    raw = _raw("models", "kimi-k2.5")
+    raw["text_config"]["n_shared_experts"] = 2
+    model = ModelConfig.from_hf(raw, name="k")
+    for ep in (1, 8):  # 2 x 2048 / 8, whether the routed experts are TP-sharded or EP-distributed
+        assert rank_shapes(model, ParallelLayout(tp=8, ep=ep)).shared_intermediate_per_rank == 512
+
+
 def test_ep_not_dividing_experts(kimi: ModelConfig) -> None:
     with pytest.raises(ConfigError, match=r"ep=5 does not divide n_routed_experts=384"):
         rank_shapes(kimi, ParallelLayout(tp=5, ep=5))
@@ -245,6 +316,66 @@ def test_tp_must_keep_whole_scale_groups(kimi: ModelConfig) -> None:
     with pytest.raises(ConfigError,
                        match=r"moe_intermediate_per_rank=16 is not a multiple of the int4 scale group of 32"):
         rank_shapes(wide, ParallelLayout(tp=128))
+
+
+def test_tp_must_keep_whole_fp8_blocks_along_k() -> None:
+    # weight_block_size is [N, K]: the down projection's K, 2048 / 32 = 64 per rank, is half a block
+    raw = _raw("models", "deepseek-v3")
+    raw["quantization_config"]["weight_block_size"] = [64, 128]
+    model = ModelConfig.from_hf(raw, name="d")
+    assert model.quant.weight_block == (64, 128)
+    with pytest.raises(ConfigError, match=r"^moe_intermediate_per_rank=64 is not a multiple of the fp8 scale group "
+                                          r"of 128 \(tp=32\)$"):
+        rank_shapes(model, ParallelLayout(tp=32))
+
+
+def test_fp8_blocks_are_whole_along_n_too_and_in_the_shared_expert_and_dense_mlp() -> None:
+    deepseek = load_model("deepseek-v3")
+    # EP keeps each routed expert whole, but the TP-sharded shared expert (2048 / 32) and
+    # dense MLP (18432 / 32 = 576) would split 128-wide blocks
+    with pytest.raises(ConfigError, match=r"^shared_intermediate_per_rank=64 is not a multiple of the fp8 "
+                                          r"scale group of 128 \(tp=32\)$"):
+        rank_shapes(deepseek, ParallelLayout(tp=32, ep=32))
+    raw = _raw("models", "deepseek-v3")
+    raw["n_shared_experts"] = 2  # 4096 / 32: whole blocks; the dense MLP's 576 is not
+    with pytest.raises(ConfigError, match=r"^dense_intermediate_per_rank=576 is not a multiple"):
+        rank_shapes(ModelConfig.from_hf(raw, name="d"), ParallelLayout(tp=32, ep=32))
+    # the gate/up projection's N is the per-rank intermediate as well: 2048 / 8 = 256 is
+    # whole 128-wide K blocks but not whole 512-tall N blocks
+    raw = _raw("models", "deepseek-v3")
+    raw["quantization_config"]["weight_block_size"] = [512, 128]
+    with pytest.raises(ConfigError, match=r"^moe_intermediate_per_rank=256 is not a multiple of the fp8 scale "
+                                          r"group of 512 \(tp=8\)$"):
+        rank_shapes(ModelConfig.from_hf(raw, name="d"), ParallelLayout(tp=8))
+    assert rank_shapes(deepseek, ParallelLayout(tp=16)).shared_intermediate_per_rank == 128
+
+
+@pytest.mark.parametrize("block", [[128], ["a", "b"], [128, 0], "128x128"])
+def test_a_bad_block_structure_is_named(block) -> None:
+    raw = _raw("models", "kimi-k2.5")
+    raw["quantization_config"]["config_groups"]["group_0"]["weights"].update(
+        num_bits=8, type="float", strategy="block", block_structure=block)
+    with pytest.raises(ConfigError, match=r"^k: key 'block_structure' must be two positive integers"):
+        ModelConfig.from_hf(raw, name="k")
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_an_unsupported_dtype_names_the_key_the_config_uses(key: str) -> None:
+    raw = _raw("models", "kimi-k2.5")
+    raw["text_config"].pop("torch_dtype", None)
+    raw["text_config"].pop("dtype", None)
+    raw["text_config"][key] = "int8"
+    with pytest.raises(ConfigError, match=rf"^k: key '{key}' has unsupported dtype 'int8'$"):
+        ModelConfig.from_hf(raw, name="k")
+
+
+@pytest.mark.parametrize("ignored, routed", [(1, "int4"), (2, "bf16")])
+def test_the_experts_scheme_is_read_at_the_first_routed_layer(ignored: int, routed: str) -> None:
+    # first_k_dense_replace 1 and moe_layer_freq 2: layer 1 is dense, layer 2 the first routed one
+    raw = _raw("models", "kimi-k2.5")
+    raw["text_config"].update(moe_layer_freq=2)
+    raw["quantization_config"]["ignore"].append(rf"re:.*layers\.{ignored}\.mlp\..*")
+    assert ModelConfig.from_hf(raw, name="k").quant.routed_experts == routed
 
 
 @pytest.mark.parametrize("tp, ep", [(0, 1), (1, 0), (-8, 1), (2.0, 1), (True, 1)])

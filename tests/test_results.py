@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
+import time
 
 import pytest
 
-from microbench.results import SCHEMA_VERSION, ResultError, ResultWriter, load, result_filename, write_atomic
+from microbench.results import (
+    SCHEMA_VERSION,
+    ResultError,
+    ResultWriter,
+    load,
+    record_key,
+    result_filename,
+    write_atomic,
+)
 
 FP = {"git": {"short": "abc1234"}, "host": {"hostname": "gpu-host"}}
 
@@ -81,8 +91,52 @@ def test_atomic_write_leaves_the_old_file_when_serialisation_fails(tmp_path):
     assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
 
 
+def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    path = str(tmp_path / "r.json")
+    write_atomic(path, {"a": 1})
+    during = []
+
+    def full_disk(fd):
+        during.append(sorted(os.listdir(tmp_path)))
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, {"a": 2})
+    # the new text went to a temporary file beside the result (so os.replace stays on one
+    # file system), synced before it could replace it; the failure removed it
+    (names,) = during
+    assert len(names) == 2 and "r.json" in names and any(n.endswith(".tmp") for n in names)
+    assert json.load(open(path)) == {"a": 1} and os.listdir(tmp_path) == ["r.json"]
+
+
+def test_close_records_how_the_run_ended(tmp_path):
+    w = ResultWriter(str(tmp_path), {}, FP)
+    w.close(complete=False, error="RuntimeError: boom")
+    run = load(w.path)["run"]
+    assert (run["complete"], run["interrupted"], run["error"]) == (False, False, "RuntimeError: boom")
+    assert run["finished_utc"].endswith("Z")
+
+
 def test_filename_without_git_says_so():
     assert result_filename(None, "h").endswith("_h_nogit.json")
+
+
+def test_filename_is_utc_time_host_and_sha(monkeypatch):
+    when = datetime.datetime(2025, 3, 4, 5, 6, 7, tzinfo=datetime.timezone.utc)
+    assert result_filename("abc1234", "gpu host/7", when) == "20250304T050607Z_gpu-host-7_abc1234.json"
+    # without a time: now, in UTC whatever the machine's time zone (here UTC+5:30)
+    monkeypatch.setenv("TZ", "IST-5:30")
+    time.tzset()
+    try:
+        before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        name = result_filename("abc1234", "h")
+        after = datetime.datetime.now(datetime.timezone.utc)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    stamp = datetime.datetime.strptime(name.split("_")[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc)
+    assert before <= stamp <= after, (name, before, after)
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -163,6 +217,10 @@ def test_a_record_the_commands_cannot_read_is_refused_by_name(tmp_path, change, 
     ({"fingerprint": None}, "the fingerprint, and its device"),
     ({"fingerprint": {"device": "NVIDIA H200"}}, "the fingerprint, and its device"),
     ({"run": {"ceilings": "fast"}}, "run.ceilings must be an object"),
+    ({"run": {"targets": ["attention.mla_verify"]}}, "run.targets must be an object"),
+    ({"run": {"summaries": "none"}}, "run.summaries must be an object"),
+    ({"records": None}, "malformed result file (missing run or records)"),
+    ({"run": None}, "malformed result file (missing run or records)"),
     ({"schema_version": "1"}, "schema version '1' but"),
     ({"schema_version": True}, "schema version True but"),
 ])
@@ -184,6 +242,11 @@ def test_a_document_nested_too_deeply_to_read_is_refused(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ResultError, match="no such file"):
         load(str(tmp_path / "nope.json"))
+
+
+def test_a_records_identity_does_not_depend_on_the_order_of_its_axes():
+    a, b = _rec(axes={"tokens": 4, "weights": "int4"}), _rec(axes={"weights": "int4", "tokens": 4})
+    assert record_key(a) == record_key(b) != record_key(_rec(axes={"tokens": 8, "weights": "int4"}))
 
 
 def _doc(records, summaries=None):

@@ -65,6 +65,7 @@ def test_a_call_lasting_longer_than_the_warm_up_is_warmed_and_sized_in_two_calls
     assert 0.02 <= m.warmup_s < 0.5 and m.to_dict()["warmup_s"] == m.warmup_s
 
 
+@pytest.mark.serial  # times real calls: a preempted warm call would size the batch
 def test_the_ranks_agreement_during_warm_up_does_not_size_a_fast_calls_batch():
     """With several ranks each warm-up step agrees the elapsed time (a collective, here
     1 ms): that wait is not the call's, so a fast call is still batched."""
@@ -93,3 +94,69 @@ def test_batch_size_agrees_every_run_so_ranks_make_the_same_calls():
     time_n, runs = _fake_runs(1e-6)
     assert _batch_size(time_n, 20e-6, agreed)[0] == 20 // 3 + 1
     assert len(seen) == len(runs)
+
+
+def test_batch_doubling_stops_at_the_first_run_that_lasts_a_samples_length():
+    time_n, runs = _fake_runs(10e-6)  # 2 calls: exactly 20 us, long enough
+    assert _batch_size(time_n, 20e-6) == (2, 7) and runs == [1, 2, 2, 2]
+
+
+def test_warm_up_calls_each_copy_once_then_rotates_through_them_for_the_warm_up_time():
+    from microbench.samplers import _warm
+
+    made, syncs, steady = [], [], []
+    calls = [lambda i=i: (made.append(i), time.sleep(1e-3)) for i in range(3)]
+    t0 = time.perf_counter()
+    n = _warm(calls, lambda: syncs.append(1), 0.02, steady=steady)
+    assert time.perf_counter() - t0 >= 0.02 and 3 < n == len(made) <= 3 + 21  # each warm call lasts >= 1 ms
+    assert made[:5] == [0, 1, 2, 0, 1]
+    assert len(steady) == n - 3 and min(steady) >= 1e-3 and len(syncs) == 1 + len(steady)
+
+
+def test_each_sample_takes_the_next_input_copies_in_turn():
+    from microbench.samplers import _cpu_sampler
+
+    made = []
+    calls = [lambda i=i: made.append(i) for i in range(3)]
+    cold = _cpu_sampler(calls, "cold", TimingOptions(warmup_s=0.0), 1 << 12)
+    made.clear()
+    for _ in range(4):
+        cold.take()
+    assert cold.batch == 1 and made == [0, 1, 2, 0]
+    hot = _cpu_sampler(calls, "hot", TimingOptions(warmup_s=0.0, min_sample_s=1.0), None)  # the largest batch
+    made.clear()
+    hot.take()
+    hot.take()
+    assert hot.batch == 1000 and made == [i % 3 for i in range(2000)]
+
+
+def test_a_cpu_cold_sample_writes_and_reads_the_flush_buffer_before_its_call(monkeypatch):
+    import numpy as np
+
+    from microbench.samplers import _cpu_sampler
+
+    log, bufs = [], []
+
+    class Buf:
+        def __init__(self, n, dtype):
+            bufs.append((n, dtype))
+
+        def fill(self, v):
+            log.append("write")
+
+        def sum(self):
+            log.append("read")
+
+    monkeypatch.setattr(np, "empty", Buf)
+    s = _cpu_sampler([lambda: log.append("call")], "cold", TimingOptions(warmup_s=0.0), 1 << 20)
+    log.clear()
+    s.take()
+    s.take()
+    assert log == ["write", "read", "call"] * 2
+    assert bufs == [((2 << 20) // 8, np.int64)] and s.flush_bytes == 2 << 20
+
+
+def test_the_host_side_time_is_the_slowest_of_the_tries():
+    from microbench.samplers import _host_s
+
+    assert _host_s([lambda: time.sleep(0.003), lambda: None, lambda: None], lambda: None) >= 0.003

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from microbench.stats import MIN_SAMPLES, Summary, geomean, median_ci, median_rel_noise, summarize
-from microbench.verdicts import Verdict, block_sigma, classify, compare_paired, compare_samples
+from microbench.verdicts import (Verdict, block_sigma, block_wander, classify, combined_wander, compare_paired,
+                                 compare_samples, t_quantile)
 
 from .helpers import lognormal
 
@@ -63,6 +64,16 @@ def test_median_rel_noise_inf_for_tiny_n() -> None:
         assert math.isinf(median_rel_noise([1.0 + 0.01 * i for i in range(n)]))
     assert math.isfinite(median_rel_noise([1.0 + 0.01 * i for i in range(MIN_SAMPLES)]))
     assert median_ci([1.0, 2.0]) == (-math.inf, math.inf)
+    # at MIN_SAMPLES there is an interval: ranks 1 and n, the whole sample
+    assert median_ci([1.0 + 0.01 * i for i in range(MIN_SAMPLES)]) == pytest.approx((1.0, 1.0 + 0.01 * (MIN_SAMPLES - 1)))
+
+
+def test_small_sets_and_zero_times_have_defined_statistics() -> None:
+    # two samples have a sample standard deviation (ddof = 1); only one has none
+    assert summarize([1.0, 3.0]).stddev == pytest.approx(math.sqrt(2.0))
+    # a median of 0 (a timer too coarse for the call) has no relative noise, not a crash
+    assert math.isinf(median_rel_noise([0.0] * 4 + [1e-6] * 3))
+    assert math.isinf(summarize([0.0] * 4 + [1e-6] * 3).rel_noise)
 
 
 def test_median_ci_textbook_ranks_and_coverage() -> None:
@@ -98,6 +109,10 @@ def test_invalid_samples_raise() -> None:
         compare_samples([1.0] * 10, [1.0] * 10, confidence=1.5)
     with pytest.raises(ValueError):
         geomean([1.0, -2.0])
+    with pytest.raises(ValueError, match="positive"):
+        geomean([0.0, 4.0])  # not a geomean of 0
+    with pytest.raises(ValueError, match="n_boot"):
+        compare_samples([1.0] * 10, [1.1] * 10, n_boot=5)
 
 
 def test_geomean() -> None:
@@ -131,6 +146,10 @@ def test_classify_rule_and_edges() -> None:
     assert classify(1.03, 1.02, 1.04, e) == "UNSURE"
     assert classify(1.0, 0.98, 1.02, e) == "SAME"
     assert classify(1.0, 0.0, math.inf, e) == "UNSURE"
+    assert classify(0.97, 0.96, 0.979, e) == "FASTER"
+    assert classify(0.97, 0.96, 0.98, e) == "UNSURE"  # FASTER's edge belongs to the effect, as SLOWER's does
+    with pytest.raises(ValueError, match="min_effect"):
+        classify(1.0, 0.99, 1.01, -0.01)
     with pytest.raises(ValueError):
         classify(float("nan"), 0.9, 1.1, e)
     with pytest.raises(ValueError):
@@ -165,6 +184,17 @@ def test_env_shift_stretches_the_interval_by_the_move_on_both_sides() -> None:
     assert plain.label == "SLOWER" and moved.label == "UNSURE", moved.explain()
     assert moved.lo == pytest.approx(plain.lo / 1.15) and moved.hi == pytest.approx(plain.hi * 1.15)
     assert moved.ratio == plain.ratio and moved.env_shift == pytest.approx(math.log(1.15))
+
+
+def test_interval_is_the_two_sided_confidence_interval() -> None:
+    # Half-width of the median ratio's interval, log-space, for two near-normal sets of n:
+    # z * sqrt(pi / 2) * sigma * sqrt(2 / n), z = 1.96 at 95% (1.64, a 90% interval, is not it).
+    rng = np.random.default_rng(40)
+    sigma, n = 0.05, 2000
+    half = [math.log(v.hi / v.lo) / 2 for v in (compare_samples(lognormal(rng, n, sigma), lognormal(rng, n, sigma), seed=i)
+                                                for i in range(8))]
+    expected = 1.96 * math.sqrt(math.pi / 2) * sigma * math.sqrt(2 / n)
+    assert float(np.mean(half)) == pytest.approx(expected, rel=0.08), (np.mean(half), expected)
 
 
 def test_one_percent_under_five_percent_noise_large_n_is_same() -> None:
@@ -222,6 +252,39 @@ def test_steady_environment_is_reported_as_steady() -> None:
     a, b, pa, pb = (lognormal(rng, 100, 0.02) for _ in range(4))
     v = compare_samples(a, b, base_probe=pa, new_probe=pb)
     assert v.label == "SAME" and "environment steady" in v.explain(), v.explain()
+
+
+def test_probes_that_differ_make_a_case_compared_with_itself_a_comparison() -> None:
+    """The same case samples on both sides but a probe that moved 20%: not the
+    identical-samples shortcut, the case reads faster against the environment."""
+    rng = np.random.default_rng(16)
+    case, probe = lognormal(rng, 200, 0.02), lognormal(rng, 200, 0.02, scale=0.5 * T0)
+    v = compare_samples(case, case, base_probe=probe, new_probe=probe * 1.2)
+    assert v.method == "bootstrap-median" and v.env_ratio == pytest.approx(1.2)
+    assert v.ratio == pytest.approx(1 / 1.2) and v.label == "FASTER", v.explain()
+    same = compare_samples(case, case, base_probe=probe, new_probe=probe)
+    assert same.method == "identical-samples" and (same.lo, same.hi, same.env_ratio) == (1.0, 1.0, 1.0)
+
+
+def test_probes_with_too_few_samples_give_no_interval() -> None:
+    rng = np.random.default_rng(17)
+    base, new = lognormal(rng, 200, 0.02), lognormal(rng, 200, 0.02, scale=T0 * 1.10)
+    v = compare_samples(base, new, base_probe=lognormal(rng, 3, 0.02), new_probe=lognormal(rng, 3, 0.02))
+    assert (v.lo, v.hi) == (0.0, math.inf) and v.label == "UNSURE", v.explain()
+    assert "too few samples of the environment probe for an interval" in v.explain()
+
+
+def test_explain_names_how_far_the_environment_moved() -> None:
+    def verdict(label, ratio, env):
+        return Verdict(label=label, ratio=ratio, lo=ratio * 0.99, hi=ratio * 1.01, raw_ratio=ratio * env, env_ratio=env,
+                       min_effect=0.02, confidence=0.95, method="bootstrap-median", n_base=100, n_new=100)
+
+    assert "environment steady (+1.0%)" in verdict("SAME", 1.0, 1.01).explain()
+    assert "environment moved +3.0%" in verdict("SAME", 1.0, 1.03).explain()  # past the 2% effect: moved
+    # "moved with it" only where the correction turned a raw move into SAME
+    assert "this case moved with it" in verdict("SAME", 1.0, 1.10).explain()
+    slower = verdict("SLOWER", 1.10, 1.10).explain()
+    assert "environment moved +10.0%, raw ×1.210 (corrected)" in slower and "moved with it" not in slower, slower
 
 
 def test_false_positive_rate_of_a_a_pairs() -> None:
@@ -342,3 +405,40 @@ def test_env_sigma_widens_the_interval_and_can_turn_a_verdict_unsure() -> None:
     wide = compare_samples(base, new, env_sigma=0.05)
     assert tight.label == "SLOWER" and wide.label == "UNSURE"
     assert wide.lo < tight.lo and wide.hi > tight.hi and wide.ratio == tight.ratio
+
+
+def test_env_sigma_adds_in_quadrature_at_the_two_sided_t_quantile() -> None:
+    """Log-space, each side of the interval grows from d to hypot(d, t * sigma), t the
+    two-sided quantile at the confidence (1.96 at 95%), Student's with env_df degrees of
+    freedom where sigma was estimated from a few blocks; the Verdict keeps sigma."""
+    rng = np.random.default_rng(78)
+    base, new = lognormal(rng, 300, 0.02), lognormal(rng, 300, 0.02, scale=T0 * 1.06)
+    tight = compare_samples(base, new)
+    assert t_quantile(0.975, 0) == pytest.approx(1.959964, rel=1e-6)
+    assert t_quantile(0.975, 4) == pytest.approx(2.776, rel=0.03)  # Student's t, 4 degrees of freedom
+    widths = []
+    for df in (0, 4):
+        v = compare_samples(base, new, env_sigma=0.05, env_df=df)
+        w = t_quantile(0.975, df) * 0.05
+        assert math.log(v.hi / v.ratio) == pytest.approx(math.hypot(math.log(tight.hi / tight.ratio), w), rel=1e-9)
+        assert math.log(v.ratio / v.lo) == pytest.approx(math.hypot(math.log(tight.ratio / tight.lo), w), rel=1e-9)
+        assert v.env_sigma == 0.05 and Verdict.from_dict(v.to_dict()).env_sigma == 0.05
+        widths.append(v.hi - v.lo)
+    assert widths[1] > widths[0]  # a sigma from five blocks is less sure than a known one
+
+
+def test_block_wander_degrees_of_freedom_and_passes() -> None:
+    rng = np.random.default_rng(79)
+    x = np.array(lognormal(rng, 500, 0.02))
+    x[250:] *= 1.2
+    sigma, df = block_wander(x)
+    assert df == 4 and sigma == block_sigma(x)  # five blocks: four degrees of freedom
+    # three passes or more: the passes' medians, however the blocks would fall
+    passes = [200, 200, 100]
+    meds = [np.median(x[:200]), np.median(x[200:400]), np.median(x[400:])]
+    assert block_wander(x, passes) == (pytest.approx(float(np.std(np.log(meds), ddof=1))), 2)
+    # two passes are too few for a spread: the blocks again
+    assert block_wander(x, [250, 250]) == (sigma, 4)
+    # two records together: root sum of squares, degrees of freedom added
+    y = np.array(lognormal(rng, 500, 0.02))
+    assert combined_wander(x, None, y, None) == (pytest.approx(math.hypot(sigma, block_sigma(y))), 8)

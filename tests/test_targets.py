@@ -46,6 +46,7 @@ def _rows(t, recs, **kw):
     ({"kind": "faster"}, "kind 'faster'"),
     ({"bar": 0}, "bar must be a positive number"),
     ({"bar": float("nan")}, "bar must be a positive number"),
+    ({"bar": float("inf")}, "bar must be a positive number"),
     ({"variants": "new"}, "non-empty tuple"),
     ({"ref": None}, "needs ref"),
     ({"kind": "floor"}, "takes no ref"),
@@ -79,6 +80,50 @@ def test_speedup_over_the_baseline_is_the_tables_own_verdict():
     (row,) = _rows(t, [new, _rec("base", {"t": 4}, 20 * US)])
     assert row["value"] == pytest.approx(4.0) and row["verdict"] == "MET"
     assert (row["lo"], row["hi"]) == (pytest.approx(1 / 0.26), pytest.approx(1 / 0.24))
+
+
+@pytest.mark.parametrize("kind, bar, lo, hi, want", [
+    ("speedup", 2.0, 0.25, 0.5, "MET"),  # speedup in [2, 4]: on the bar is at least the bar
+    ("speedup", 2.0, 0.5, 1.0, "UNSURE"),  # [1, 2]: touches the bar, so not wholly short of it
+    ("time_ratio", 1.25, 1.0, 1.25, "MET"),  # [1, 1.25]: at most the bar
+    ("time_ratio", 1.25, 1.25, 1.5, "UNSURE"),
+])
+def test_an_interval_that_touches_the_bar(kind, bar, lo, hi, want):
+    """MET: the whole interval on the bar's side, the bar itself included; MISSED only when
+    the whole interval is beyond it (exact binary fractions, read off vs_baseline)."""
+    t = Target("bar", ("new",), kind, bar, ref="base")
+    new = _rec("new", {"t": 4}, 10 * US)
+    new["vs_baseline"] = {"ratio": (lo + hi) / 2, "lo": lo, "hi": hi, "label": "FASTER"}
+    (row,) = _rows(t, [new, _rec("base", {"t": 4}, 20 * US)])
+    assert row["verdict"] == want, row
+
+
+def test_a_speedup_over_another_variant_ignores_the_baseline_verdict():
+    """vs_baseline is the ratio to the case's baseline: a bar against another variant reads
+    the two variants' own samples (1.6x here), not the 4x over the baseline."""
+    t = Target("2x other", ("new",), "speedup", 2.0, ref="other")
+    new = _rec("new", {"t": 4}, 10 * US, seed=1)
+    new["vs_baseline"] = {"ratio": 0.25, "lo": 0.24, "hi": 0.26, "label": "FASTER"}
+    (row,) = _rows(t, [new, _rec("other", {"t": 4}, 16 * US, seed=2), _rec("base", {"t": 4}, 40 * US, seed=3)])
+    assert row["value"] == pytest.approx(1.6, rel=0.02) and row["verdict"] == "MISSED", row
+
+
+def test_an_interleaved_run_pairs_its_rounds():
+    """Interleaved, both variants see each round's drift, so the paired ratio of 1.13 is
+    MISSED against a 1.10 bar; the same samples read as a sequential run's stay UNSURE."""
+    rng = np.random.default_rng(12)
+    drift = np.repeat([1.0, 1.06, 0.94], 40)
+    base = 10 * US * drift * np.exp(rng.normal(0, 0.003, 120))
+    new = 1.13 * base * np.exp(rng.normal(0, 0.003, 120))
+    t = Target("within 10%", ("new",), "time_ratio", 1.10, ref="decode")
+    recs = [_rec("new", {"t": 1}, 11.3 * US), _rec("decode", {"t": 1}, 10 * US)]
+    recs[0]["timing"].update(samples_s=list(new), passes=[40, 40, 40])
+    recs[1]["timing"].update(samples_s=list(base), passes=[40, 40, 40])
+    for interleave, verdict in ((True, "MISSED"), (False, "UNSURE")):
+        doc = _doc(recs)
+        doc["run"]["interleave"] = interleave
+        (row,) = targets.evaluate({"c.k": [t]}, doc)
+        assert row["verdict"] == verdict and row["value"] == pytest.approx(1.13, rel=0.01), (interleave, row)
 
 
 def test_a_ratio_to_another_variant_is_widened_by_the_runs_wander():
@@ -141,6 +186,34 @@ def test_rows_without_a_time_say_why():
     bad["timing"]["samples_s"] = [0.0] * 10
     (row,) = _rows(Target("floor", ("new",), "floor", 0.5), [bad])
     assert row["verdict"] == "NO TIME" and "median time 0.0" in row["why"]
+
+
+def test_a_failed_variant_gets_no_verdict_though_it_has_samples():
+    """A later --repeat pass that fails marks the record FAILED and keeps the first pass's
+    samples: no verdict is read off them."""
+    t = Target("2x other", ("new",), "speedup", 2.0, ref="other")
+    new = _rec("new", {"t": 4}, 10 * US)
+    new.update(status="FAILED", reason="pass 2: incorrect")
+    (row,) = _rows(t, [new, _rec("other", {"t": 4}, 30 * US)])
+    assert (row["verdict"], row["value"], row["why"]) == ("NO TIME", None, "new: FAILED (pass 2: incorrect)")
+
+
+def test_a_target_covers_only_points_that_have_its_axes():
+    t = Target("at t=4", ("new",), "floor", 0.5, where={"t": (4,)})
+    (row,) = _rows(t, [_rec("new", {"u": 4}, 10 * US, floor=9 * US)])
+    assert row["verdict"] is None and row["why"] == "no such point in this file"
+
+
+def test_a_floor_interval_brackets_its_value():
+    floor = Target("80% of the floor", ("new",), "floor", 0.8)
+    (row,) = _rows(floor, [_rec("new", {"t": 1}, 10 * US, floor=9 * US)])
+    assert row["lo"] < row["value"] < row["hi"] and row["value"] == pytest.approx(0.9, rel=0.01)
+    # four samples bound no median: [0, inf], shown as such; a file that does not say
+    # whether its run finished is not called incomplete
+    doc = _doc([_rec("new", {"t": 1}, 10 * US, n=4, floor=9 * US)])
+    del doc["run"]["complete"]
+    text = targets.render(doc, targets.evaluate({"c.k": [floor]}, doc))
+    assert "[0.0%, ∞]" in text and "UNSURE" in text and "INCOMPLETE" not in text
 
 
 def test_render_names_whose_bar_it_is():

@@ -135,3 +135,38 @@ def test_samples_on_a_few_tick_values_do_not_stop_on_noise():
     samples, reason, _ = run_until_stable(_ticked_take(clock, tick, {50: 0.8, 51: 0.2}, np.random.default_rng(11)),
                                           replace(opts, max_noise=0.02), clock)
     assert reason == "noise" and len(samples) == 10
+
+
+def test_a_half_tick_widens_only_the_side_of_the_interval_it_passes() -> None:
+    """ratio · (1 ± u) for the new side's half-tick u: where it reaches past one end of the
+    bootstrap interval only (here the upper, the interval being lopsided), that end moves
+    and the other stays; a half-tick of more than the whole statistic floors the lower end at 0."""
+    rng = np.random.default_rng(62)
+    a, b = lognormal(rng, 30, 0.05), lognormal(rng, 30, 0.05)
+    plain = compare_samples(a, b, half_ticks=(0.0, 0.0))
+    assert plain.ratio * 0.975 > plain.lo and plain.ratio * 1.025 > plain.hi  # lopsided: short above
+    v = compare_samples(a, b, half_ticks=(0.0, 0.025))
+    assert v.lo == plain.lo and v.hi == pytest.approx(plain.ratio * 1.025) and v.tick == 0.025, v.explain()
+    w = compare_samples(a, b, half_ticks=(0.0, 1.5))
+    assert w.lo == 0.0 and w.label == "UNSURE", w.explain()
+
+
+def test_the_probes_ticks_hold_a_corrected_verdict_open_too() -> None:
+    """Both probes at 4 ticks, the case timed at ns resolution: the probe's ratio is ×1
+    [1, 1] by bootstrap, yet each probe median is known to half a tick, and the corrected
+    ratio's interval holds (1 - 1/8) / (1 + 1/8) .. (1 + 1/8) / (1 - 1/8) of it."""
+    rng = np.random.default_rng(32)
+    base, new = lognormal(rng, 200, 0.02), lognormal(rng, 200, 0.02)
+    v = compare_samples(base, new, base_probe=_ticked({4: 160, 5: 40}, seed=4),
+                        new_probe=_ticked({4: 160, 5: 40}, seed=5))
+    assert v.env_ratio == 1.0 and v.label == "UNSURE", v.explain()
+    assert (v.lo, v.hi) == pytest.approx((v.ratio * 0.875 / 1.125, v.ratio * 1.125 / 0.875), rel=1e-4)
+    assert v.tick == pytest.approx(0.25, rel=1e-4)
+
+
+def test_a_quantile_is_held_to_half_a_tick_of_itself() -> None:
+    """Compared at p20, the half-tick is over the p20 (4 ticks: 1/8), not the median (4.5)."""
+    base, new = _ticked({4: 100, 5: 100}, seed=6), _ticked({4: 100, 5: 100}, seed=7)
+    v = compare_samples(base, new, quantile=0.2)
+    assert v.ratio == 1.0 and v.tick == pytest.approx(0.125 + 0.125), v.explain()
+    assert (v.lo, v.hi) == pytest.approx((3.5 / 4.5, 4.5 / 3.5))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from microbench.samplers import copies_for_cold_cache
+from microbench.stats import median_rel_noise
 from microbench.timing import (TimingOptions, measure, measure_interleaved, run_interleaved, run_until_stable,
                                stop_reason)
 
@@ -66,7 +68,8 @@ def test_interleaved_pairs_rounds_and_waits_for_every_variant():
     quiet, noisy = clock.sampler(rng, 1e-3, 0.001), clock.sampler(rng, 1e-3, 0.03)
     opts = TimingOptions(min_samples=10, min_time_s=0.0, max_noise=0.005, budget_s=100)
     (a, b), reason, _ = run_interleaved([quiet, noisy], opts, clock)
-    assert reason == "noise" and len(a) == len(b) > 10  # the quiet one waited for the noisy one
+    # the quiet one waited for the noisy one to meet the target
+    assert reason == "noise" and median_rel_noise(b) <= 0.005 and len(a) == len(b) > 100
 
 
 def _placed_takes(clock, k, times, place_factor, rng, sigma=0.005):
@@ -118,6 +121,10 @@ def test_bad_options_are_rejected():
         TimingOptions(mode="warm")
     with pytest.raises(ValueError, match="graph mode needs a CUDA"):
         TimingOptions(mode="graph").resolved_mode("cpu")
+    for bad in ({"budget_s": float("nan")}, {"max_noise": float("nan")}, {"budget_s": 0.0}, {"max_noise": -0.1}):
+        with pytest.raises(ValueError, match="must be positive"):
+            TimingOptions(**bad)
+    assert TimingOptions(budget_s=math.inf).budget_s == math.inf  # no budget: noise or max_samples ends it
 
 
 def test_cpu_measure_real_function_keeps_raw_samples_and_stats():
@@ -450,3 +457,48 @@ def test_a_cold_sample_spins_after_the_flush_so_the_events_see_gpu_time(monkeypa
     assert fake.log == ["flush", spin, "start", "call", "end"]
     assert spin[1] >= lead_cycles(0.003) >= 12_000_000 and s.flush_bytes == 2 * (60 << 20)
     assert s.warmup_calls >= 1 + 3  # the first call, and the three that timed the host side
+
+
+def test_interleaved_budget_is_the_budget_of_each_variant_in_turn():
+    # two noisy variants under a 0.5 s budget each: the shared loop may take 1 s
+    clock = FakeClock()
+    rng = np.random.default_rng(13)
+    opts = TimingOptions(min_samples=10, max_noise=0.001, budget_s=0.5)
+    (a, b), reason, elapsed = run_interleaved([clock.sampler(rng, 1e-2, 0.3), clock.sampler(rng, 1e-2, 0.3)],
+                                              opts, clock)
+    assert reason == "budget" and 1.0 <= elapsed < 1.0 + 0.2 and len(a) == len(b)
+
+
+def test_interleaved_noise_rule_waits_for_a_whole_rotation():
+    # 13 rounds meet the rule at once (least: 13), but 13 is no whole rotation of two
+    opts = TimingOptions(min_samples=10, min_time_s=0.0, max_noise=0.005, budget_s=100)
+    clock = FakeClock()
+    takes, _ = _placed_takes(clock, 2, [1e-3] * 2, [1.0] * 2, np.random.default_rng(15), sigma=0.001)
+    (a, b), reason, _ = run_interleaved(takes, replace(opts, min_samples=13, max_noise=0.5), clock)
+    assert reason == "noise" and len(a) == len(b) == 14
+
+
+def test_outlying_samples_do_not_hold_up_the_median_noise_rule():
+    # every fifth sample preempted (5x): the mean's interval would stay wide for
+    # thousands of samples; the median's is narrow once the outliers are in the tails
+    clock = FakeClock()
+    rng = np.random.default_rng(16)
+    taken = {"n": 0}
+
+    def take():
+        taken["n"] += 1
+        s = 1e-3 * float(rng.lognormal(0.0, 0.001)) * (5.0 if taken["n"] % 5 == 0 else 1.0)
+        clock.t += s
+        return s
+    opts = TimingOptions(min_samples=10, min_time_s=0.0, max_noise=0.005, budget_s=1.0)
+    samples, reason, _ = run_until_stable(take, opts, clock)
+    assert reason == "noise" and len(samples) <= 40
+
+
+@pytest.mark.serial
+def test_measure_counts_min_time_by_each_batched_sample_whole():
+    # ~0.1 ms samples of many tiny calls: 10 ms of measured time is ~100 samples; counted
+    # per call it would take ~1e5 samples, and end on the budget instead
+    m = measure(lambda: None, device="cpu",
+                options=TimingOptions(min_time_s=0.01, max_noise=0.5, budget_s=2.0, min_sample_s=1e-4))
+    assert m.batch > 10 and m.stop_reason == "noise" and sum(m.samples_s) * m.batch >= 0.01
