@@ -73,11 +73,38 @@ def test_integer_inputs_give_an_exact_sum_in_any_order(world, dtype):
     assert torch.equal(rank_input(count, 0, world, 5, dtype, "cpu"), xs[0])
 
 
-def test_a_world_too_large_for_exact_sums_is_refused():
+def test_every_rank_draws_its_own_input_never_all_zero_even_of_one_element():
+    for world in (2, 8):
+        xs = [rank_input(64, r, world, 5, torch.bfloat16, "cpu") for r in range(world)]
+        assert all(not torch.equal(xs[i], xs[j]) for i in range(world) for j in range(i))
+        assert all(rank_input(1, r, world, 5, torch.bfloat16, "cpu").item() != 0 for r in range(world))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_value_range_is_the_largest_whose_sum_over_every_rank_stays_exact(dtype):
+    from microbench.kernels.allreduce import EXACT_LIMIT, VALUE_RANGE
+
+    limit = EXACT_LIMIT[dtype]
+    for world in range(1, 600):
+        v = value_range(world, dtype)
+        assert world * v <= limit and (v == VALUE_RANGE or world * (v + 1) > limit), world
+
+
+def test_a_world_too_large_for_exact_sums_is_refused(monkeypatch):
     assert value_range(64, torch.bfloat16) == 4 and value_range(100, torch.bfloat16) == 2
     assert value_range(300, torch.bfloat16) == 0
     with pytest.raises(ValueError, match="world size 300"):
         rank_input(8, 0, 300, 0, torch.bfloat16, "cpu")
+    import torch.distributed as dist
+
+    world = [300]
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: world[0])
+    point = {"tokens": 1, "dtype": "bf16", "capture": "eager"}
+    assert AllReduceCase().skip(point, "cpu") == ("world size 300: no integer input keeps a bf16 sum exact "
+                                                  "beyond 256 ranks")
+    world[0] = 256
+    assert AllReduceCase().skip(point, "cpu") is None
 
 
 def test_the_model_case_takes_hidden_from_the_config_and_the_sweep_any_size():
@@ -99,6 +126,115 @@ def test_the_model_case_takes_hidden_from_the_config_and_the_sweep_any_size():
     for n in names[2:]:  # no GPU here: each says why
         assert "CUDA" in s.skip_variant(n, point, "cpu")
     assert s.skip_variant("torch-ip", point, "cpu") is None
+
+
+# --------------------------------------------------------------------------- in place and out of place
+
+
+def test_torch_paths_sum_in_place_or_into_a_fresh_output(monkeypatch):
+    """A stand-in collective doubles its tensor, as a sum over two ranks holding the same
+    input would: in place the input is the result; out of place it is left as it was."""
+    from microbench.kernels import allreduce
+
+    groups = []
+    monkeypatch.setattr(allreduce.dist, "all_reduce", lambda t, group=None: groups.append(group) or t.mul_(2))
+    x = torch.tensor([1.0, 2.0, 3.0])
+    assert allreduce.torch_inplace(x, "g") is x and x.tolist() == [2.0, 4.0, 6.0]
+    x = torch.tensor([1.0, 2.0, 3.0])
+    out = allreduce.torch_outplace(x, "g")
+    assert out.tolist() == [2.0, 4.0, 6.0] and x.tolist() == [1.0, 2.0, 3.0] and out.data_ptr() != x.data_ptr()
+    assert groups == ["g", "g"]
+
+
+def test_cupy_paths_hand_nccl_one_buffer_in_place_and_a_fresh_one_out_of_place(monkeypatch):
+    """What the CuPy communicator is handed: send and receive pointers, the element count,
+    NCCL's dtype (nccl.h's value where CuPy lacks the name), its sum and torch's stream."""
+    import types
+
+    from microbench.kernels import allreduce
+
+    calls = []
+
+    class Comm:
+        def allReduce(self, *args):
+            calls.append(args)
+
+    group = object()
+    c = object.__new__(allreduce.CupyNccl)
+    c.nccl, c.comm = types.SimpleNamespace(), Comm()  # a CuPy build without the constants' names
+    monkeypatch.setattr(allreduce.CupyNccl, "_by_group", {id(group): c})
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=1234))
+    for dtype, nccl_type in ((torch.bfloat16, 9), (torch.float16, 6), (torch.float32, 7)):
+        calls.clear()
+        x = torch.ones(5, dtype=dtype)
+        assert allreduce.cupy_inplace(x, group) is x
+        out = allreduce.cupy_outplace(x, group)
+        assert out.shape == x.shape and out.dtype == dtype and out.data_ptr() != x.data_ptr()
+        assert calls == [(x.data_ptr(), x.data_ptr(), 5, nccl_type, 0, 1234),
+                         (x.data_ptr(), out.data_ptr(), 5, nccl_type, 0, 1234)]
+    c.nccl = types.SimpleNamespace(NCCL_BFLOAT16=109, NCCL_SUM=100)  # CuPy's names win where it has them
+    allreduce.cupy_inplace(torch.ones(2, dtype=torch.bfloat16), group)
+    assert calls[-1][3:5] == (109, 100)
+
+
+def test_symmetric_memory_paths_stage_the_input_and_write_in_place_or_a_fresh_output(monkeypatch):
+    """Each call copies its input into the group's symmetric buffer and runs the path's
+    kernel on that; a stand-in kernel doubles what it reads (two ranks, the same input)."""
+    import types
+
+    from microbench.kernels import allreduce
+
+    made, ran = [], []
+
+    def init(self, group, numel, dtype, device):
+        made.append((numel, dtype))
+        self.buf, self.group_name = torch.full((numel,), float("nan"), dtype=dtype), "g"
+
+    def kernel(name):
+        def run(staged, op, group_name, out):
+            ran.append((name, op, group_name, staged.data_ptr()))
+            out.copy_(staged * 2)
+        return run
+
+    monkeypatch.setattr(allreduce.SymmBuffer, "__init__", init)
+    monkeypatch.setattr(allreduce.SymmBuffer, "_by_key", {})
+    monkeypatch.setattr(torch.ops, "symm_mem", types.SimpleNamespace(
+        one_shot_all_reduce_out=kernel("one"), two_shot_all_reduce_out=kernel("two")))
+    group = object()
+    for i, (fn, name, in_place) in enumerate([(allreduce.oneshot_inplace, "one", True),
+                                              (allreduce.oneshot_outplace, "one", False),
+                                              (allreduce.twoshot_inplace, "two", True),
+                                              (allreduce.twoshot_outplace, "two", False)]):
+        x = torch.arange(1.0, 5.0) + i  # a new input each call: the staged copy is this call's
+        before = x.clone()
+        out = fn(x, group)
+        buf = allreduce.SymmBuffer.get(group, 4, torch.float32, "cpu").buf
+        assert ran[-1] == (name, "sum", "g", buf.data_ptr())
+        assert torch.equal(out, 2 * before)
+        assert (out is x) if in_place else (out.data_ptr() != x.data_ptr() and torch.equal(x, before))
+    assert made == [(4, torch.float32)]  # one buffer for the group, kept
+
+
+def test_a_symmetric_buffer_is_kept_per_group_and_dtype_and_grown_for_a_larger_call(monkeypatch):
+    from microbench.kernels import allreduce
+
+    made = []
+
+    def init(self, group, numel, dtype, device):
+        made.append((numel, dtype))
+        self.buf, self.group_name = torch.empty(numel, dtype=dtype), "g"
+
+    monkeypatch.setattr(allreduce.SymmBuffer, "__init__", init)
+    monkeypatch.setattr(allreduce.SymmBuffer, "_by_key", {})
+    g, other = object(), object()
+    first = allreduce.SymmBuffer.get(g, 8, torch.bfloat16, "cuda:0")
+    assert allreduce.SymmBuffer.get(g, 8, torch.bfloat16, "cuda:0") is first
+    assert allreduce.SymmBuffer.get(g, 4, torch.bfloat16, "cuda:0") is first  # a smaller call fits
+    grown = allreduce.SymmBuffer.get(g, 16, torch.bfloat16, "cuda:0")
+    assert grown is not first and grown.buf.numel() == 16
+    assert allreduce.SymmBuffer.get(g, 4, torch.float32, "cuda:0").buf.dtype == torch.float32
+    assert allreduce.SymmBuffer.get(other, 4, torch.bfloat16, "cuda:0") is not grown
+    assert made == [(8, torch.bfloat16), (16, torch.bfloat16), (4, torch.float32), (4, torch.bfloat16)]
 
 
 # --------------------------------------------------------------------------- a world of one, in process
@@ -167,6 +303,62 @@ def test_an_in_place_nccl_sum_over_one_rank_is_not_timed_in_a_graph(solo):
             assert "world size 1" in reason and "launches no work" in reason
     assert case.skip_variant("torch-ip", {**at, "capture": "eager"}, "cuda") is None
     assert case.skip_variant("torch-oop", {**at, "capture": "graph"}, "cuda") is None
+
+
+def test_cupys_in_place_sum_over_one_rank_is_not_timed_in_a_graph_either(solo, monkeypatch):
+    """CuPy's path is NCCL too: where it can run, its in-place graph at world size 1 is
+    skipped for the same reason as torch's, its out-of-place one is not."""
+    from microbench.kernels import allreduce
+
+    monkeypatch.setattr(allreduce, "cupy_unavailable", lambda kind: None)
+    monkeypatch.setattr(allreduce.CupyNccl, "_by_group", {})
+    case, at = AllReduceCase(), {"tokens": 4, "dtype": "bf16", "capture": "graph"}
+    assert "launches no work" in case.skip_variant("cupy-ip", at, "cuda")
+    assert case.skip_variant("cupy-oop", at, "cuda") is None
+
+
+def test_symmetric_memory_is_probed_only_in_a_world_of_one(solo, monkeypatch):
+    """In a larger world the probe's rendezvous is collective: a rank probing alone while
+    its peers plan would wait for them; there a failure is the variant's, not a skip."""
+    from microbench.cases import comm
+    from microbench.kernels import allreduce
+
+    def probe(group, device):
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(allreduce, "symm_unavailable", lambda kind, path: None)
+    monkeypatch.setattr(allreduce, "symm_try", probe)
+    monkeypatch.setattr(comm, "_symm_setup", {})
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    point = {"bytes": 8, "dtype": "bf16", "capture": "eager"}
+    assert AllReduceSweepCase().skip_variant("oneshot-ip", point, "cuda") is None
+
+
+def test_a_point_states_its_message_in_bytes_and_elements_and_sums_every_ranks_input(solo):
+    case = AllReduceSweepCase()
+    w = case.setup({"bytes": 16, "dtype": "bf16", "capture": "eager"}, solo.device, 3)
+    x = w.inputs["x"]
+    assert x.dtype == torch.bfloat16 and x.numel() == 8
+    assert (w.facts["bytes"], w.facts["count"], w.facts["world_size"], w.facts["dtype"]) == (16, 8, 1, "bf16")
+    assert torch.equal(x, rank_input(8, 0, 1, 3, torch.bfloat16, solo.device))
+    assert torch.equal(case.reference(w)["out"], x.float())  # the sum over one rank
+    w.meta["world"] = 3  # the reference sums the world's ranks, each its own input
+    assert torch.equal(case.reference(w)["out"], allreduce_ref(8, 3, 3, torch.bfloat16, solo.device))
+    assert case._count({"bytes": 16, "dtype": "fp32"}) == (4, torch.float32)
+
+
+def test_the_step_model_reads_ok_times_per_variant_capture_and_world_sorted_by_bytes():
+    def rec(variant, nbytes, median, status="OK", capture="eager", world=2, collective="allreduce"):
+        return {"variant": variant, "status": status, "axes": {"capture": capture},
+                "facts": {"collective": collective, "bytes": nbytes, "world_size": world},
+                "timing": {"summary": {"median": median}}}
+
+    recs = [rec("torch-ip", 4096, 3e-5), rec("torch-ip", 8, 1e-5), rec("torch-ip", 64, 2e-5),
+            rec("torch-ip", 128, 9.0, status="FAILED"),  # failed in a later pass: its first pass's timing kept
+            rec("torch-ip", 8, 5e-6, capture="graph"), rec("torch-ip", 8, 4e-5, world=8),
+            rec("torch-ip", 8, 1.0, collective="allgather")]
+    assert allreduce_times(recs) == {("torch-ip", "eager", 2): [(8, 1e-5), (64, 2e-5), (4096, 3e-5)],
+                                     ("torch-ip", "graph", 2): [(8, 5e-6)], ("torch-ip", "eager", 8): [(8, 4e-5)]}
 
 
 def test_lockstep_at_world_one_is_the_plain_engine(solo):

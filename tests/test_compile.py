@@ -172,6 +172,8 @@ def test_launchers_read_the_targets_shared_memory(monkeypatch):
     assert checks.small_shared("cpu")
     monkeypatch.setattr(checks, "COMPILE_SHARED_PER_BLOCK", H200.shared_per_block)
     assert not checks.small_shared("cpu")
+    monkeypatch.setattr(checks, "COMPILE_SHARED_PER_BLOCK", checks.SMALL_SHARED_PER_BLOCK)
+    assert not checks.small_shared("cpu")  # small means below the line
     # the few-token kernel's bf16 w13 tile takes 3 stages only where they fit (144 KiB at 64
     # rows); INT4 read a word at a time needs a fifth of that and keeps 3 everywhere
     big = default_config("few_token", "w13", "bf16", 512, 7168, 4)

@@ -242,3 +242,147 @@ def test_the_layer_count_is_decided_once_per_point_so_every_variant_times_the_sa
     assert case._layers(point, int(2.4e9), "cuda") == 3
     assert case._layers({**point, "capture": "graph"}, int(2.4e9), "cuda") == 1  # a new point reads it afresh
     assert DecoderLayerCase()._layers(point, int(2.4e9), "cuda") == 1  # so does a new run's case
+
+
+def test_rope_rotates_each_pair_by_its_position_times_its_frequency():
+    """Rotate-half layout: channel i pairs with i + 32 as one complex number, turned by
+    position x theta^(-i / 32), DeepSeek-V3's frequencies."""
+    x = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(0))
+    pos = torch.tensor([0, 1, 9])
+    freq = 10000.0 ** (-torch.arange(32, dtype=torch.float64) / 32)
+    turn = torch.polar(torch.ones(3, 32, dtype=torch.float64), pos[:, None] * freq)[:, None, :]
+    z = torch.complex(x[..., :32].double(), x[..., 32:].double()) * turn
+    torch.testing.assert_close(rope(x, pos), torch.cat([z.real, z.imag], dim=-1).float(), atol=1e-5, rtol=1e-5)
+
+
+def test_the_layer_sums_its_attention_output_before_the_post_norm_and_its_output_last():
+    """A stand-in allreduce that doubles its tensor (two ranks holding the same partial
+    sum): the residual takes the summed attention output, the output is the summed MoE."""
+    w, b, x, res, _ = _setup(1, 1, context=9)
+    seen = []
+
+    def doubling(t):
+        seen.append(t.clone())
+        t.mul_(2)
+
+    r = res.clone()
+    y, r = decoder_layer(x, r, w, b, attention="decode", moe="fused", allreduce=doubling)
+    o, partial = seen
+    assert o.shape == partial.shape == y.shape == x.shape
+    want_res = ((x.float() + res.float()).to(DT).float() + 2 * o.float()).to(DT)
+    torch.testing.assert_close(r, want_res, atol=1e-2, rtol=1e-3)
+    assert torch.equal(y, 2 * partial)
+
+
+def test_the_layer_writes_its_new_latents_to_their_cache_slots_alone():
+    from microbench.kernels.mla_common import KV_LORA_RANK
+    from microbench.kernels.reference import rmsnorm_ref
+
+    w, b, x, res, _ = _setup(2, 2, context=5)
+    before = b.kv_cache.clone().view(-1, b.kv_cache.shape[-1])
+    decoder_layer(x, res.clone(), w, b, attention="extend", moe="fused")
+    after = b.kv_cache.view(-1, b.kv_cache.shape[-1])
+    others = torch.ones(after.shape[0], dtype=torch.bool, device=after.device)
+    others[b.slots] = False
+    assert torch.equal(after[others], before[others])
+    h = rmsnorm_ref(x, w.input_norm, MINI.eps, res)[0]
+    qkv = h @ w.qkv_a.float()
+    c_kv = rmsnorm_ref(qkv[:, MINI.q_lora: MINI.q_lora + KV_LORA_RANK], w.kv_a_norm, MINI.eps)[0]
+    k_pe = rope(qkv[:, MINI.q_lora + KV_LORA_RANK:], b.positions)
+    rep = compare(after[b.slots], torch.cat([c_kv, k_pe], dim=-1), atol=TOL, rtol=TOL, name="cache")
+    assert rep.passed, str(rep)
+
+
+def test_each_variant_runs_its_kernels_and_decode_the_decode_kernel(monkeypatch):
+    from microbench.cases import layer as layer_mod
+
+    seen = []
+
+    def layer(x, r, w, b, *, attention, moe, moe_config=None):
+        seen.append((attention, moe, moe_config))
+        return x + 1, r
+
+    monkeypatch.setattr(layer_mod, "_layer_fn", lambda capture: layer)
+    fns = {v.name: v.fn for v in DecoderLayerCase().variants()}
+    xs = [torch.zeros(2, 3), torch.ones(2, 3)]
+    for name in ("server", "microbench"):
+        for phase in ("decode", "verify"):
+            out = fns[name](xs, [None, None], [None, None], [None, None], phase, moe_config={"fused": 1})
+            assert torch.equal(out, torch.stack(xs) + 1)
+    assert [s[:2] for s in seen[::2]] == [("decode", "fused"), ("extend", "fused"), ("decode", "few_token"),
+                                          ("verify", "few_token")]
+    assert all(s[2] == {"fused": 1} for s in seen)
+
+
+VERIFY_POINT = {"layer": "mini", "weights": "int4", "phase": "verify", "batch": 2, "draft_tokens": 2, "context": 5,
+                "capture": "eager", "dtype": "fp32"}
+
+
+def test_the_case_counts_the_tokens_and_bytes_of_a_verify_step():
+    w = DecoderLayerCase().setup(VERIFY_POINT, "cpu", seed=1)
+    t = 2 * (2 + 1)  # batch x (draft tokens + 1)
+    assert w.facts["tokens"] == t and w.facts["layers"] == 1 and w.inputs["xs"][0].shape == (t, MINI.hidden)
+    (lw,), (b,) = w.inputs["weights"], w.inputs["batches"]
+    assert b.kv_cache.shape[0] == 2 * 5 + t
+    # the weights a step reads (the routed experts its tokens touched) and the latent cache
+    assert w.cost.bytes == lw.nbytes(w.facts["experts_touched"]) + b.kv_cache.numel() * b.kv_cache.element_size()
+
+
+def test_each_stacked_layer_has_its_own_weights_and_cache_and_its_own_reference(monkeypatch):
+    case = DecoderLayerCase()
+    monkeypatch.setattr(case, "_layers", lambda point, held, device: 2)  # as on a GPU with room for two
+    w = case.setup(VERIFY_POINT, "cpu", seed=1)
+    weights, batches = w.inputs["weights"], w.inputs["batches"]
+    assert len(weights) == len(batches) == len(w.inputs["xs"]) == 2
+    assert not torch.equal(weights[0].qkv_a, weights[1].qkv_a)
+    assert not torch.equal(batches[0].kv_cache, batches[1].kv_cache)
+    out = case.reference(w)["out"]
+    for i in range(2):
+        want = decoder_layer_ref(w.inputs["xs"][i], w.inputs["residuals"][i], weights[i], batches[i])[0]
+        torch.testing.assert_close(out[i], want)
+
+
+def test_per_layer_times_and_the_launch_cost_are_derived_per_layer():
+    from microbench.report import fmt_time
+
+    def rec(capture, median):
+        return {"status": "OK", "variant": "server", "facts": {"layers": 2},
+                "axes": {"phase": "verify", "capture": capture}, "timing": {"summary": {"median": median}},
+                "profile": {"launches": 60, "host_s": median / 2}}
+
+    eager, graph = rec("eager", 6e-4), rec("graph", 2e-4)
+    DecoderLayerCase().derive([eager, graph])
+    assert eager["derived"] == {"per layer": fmt_time(3e-4), "launches/layer": "30", "host/layer": fmt_time(1.5e-4),
+                                "eager - graph per layer": fmt_time(2e-4)}
+    assert graph["derived"] == {"per layer": fmt_time(1e-4), "launches/layer": "30"}  # a replay has no host cost
+
+
+def test_a_batch_puts_each_requests_new_tokens_after_its_context_in_fresh_pages():
+    import math
+
+    b = layer_batch(MINI, 2, 3, 5, torch.float32, "cpu", 0)
+    assert b.positions.tolist() == [5, 6, 7, 5, 6, 7]
+    assert b.slots.tolist() == list(range(10, 16)) and b.kv_cache.shape[:2] == (16, 1)
+    pages = b.plan.kv_indices.tolist()
+    assert sorted(pages) == list(range(10)) and pages != list(range(10))  # the prefix pages, shuffled
+    assert b.plan.sm_scale == pytest.approx(1 / math.sqrt(MINI.q_head))
+    assert float(b.kv_cache.std()) > 0.5
+
+
+def test_model_layers_take_head_sizes_and_eps_from_the_config():
+    k, d = layer_shape("kimi-tp8"), layer_shape("dsv3-tp8")
+    assert (k.nope, k.v_head, k.q_head, k.top_k, k.eps) == (128, 128, 192, 8, 1e-5)
+    assert (d.nope, d.v_head, d.top_k, d.scaling, d.eps) == (128, 128, 8, 2.5, 1e-6)
+
+
+def test_the_layer_holds_every_weight_it_reads_and_draws_none_degenerate():
+    import dataclasses
+
+    w = layer_weights(MINI, "int4", torch.float32, "cpu", 0)
+    dense = [getattr(w, f.name) for f in dataclasses.fields(w) if isinstance(getattr(w, f.name), torch.Tensor)]
+    experts = [t for t in (w.experts.w13, w.experts.w2, w.experts.s13, w.experts.s2) if t is not None]
+    assert len(dense) == 13 and w.nbytes() == sum(t.numel() * t.element_size() for t in dense + experts)
+    for norm in (w.input_norm, w.q_a_norm, w.kv_a_norm, w.post_norm):  # not ones: a norm's weight must show
+        assert 0.05 < float(norm.std()) < 0.2 and abs(float(norm.mean()) - 1) < 0.05
+    x, res, _ = layer_inputs(w, 4, torch.float32, "cpu", 1)
+    assert 0.8 < float(res.std()) < 1.2 and float((x - res).abs().min()) > 0  # a residual of its own

@@ -12,12 +12,14 @@ and many tiles), so one launch holds requests whose later splits get no keys at 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 import microbench.kernels.mla_decode as mla_decode_module
 from microbench.cases.mla_inputs import make_mla_inputs
-from microbench.kernels.mla_common import plan_mla
+from microbench.kernels.mla_common import CPU_SM_STAND_IN, plan_mla, sm_count
 from microbench.kernels.mla_decode import BLOCK_H, MAX_SPLITS, MIN_SPLIT_KEYS, decode_num_splits, mla_decode
 from microbench.kernels.reference import mla_attention_ref
 
@@ -80,6 +82,18 @@ def test_forced_splits_including_splits_with_no_keys(num_splits, monkeypatch):
     _assert_matches(x, out, *FP16[1:])
 
 
+def test_matches_reference_when_every_logit_is_far_below_zero():
+    # keys shifted by +3 against all-negative queries put every logit near -100: a key of
+    # logit 0 that should not count (a masked or borrowed row, e.g. the new token in the
+    # split that ends at it) then takes the weight from all real keys. At 3 splits the
+    # prefix-64 request's split 1 ends exactly at its new token; prefix 63 ends mid-tile
+    x = make_mla_inputs([1, 1, 1], [64, 63, 1], heads=3, page_size=64, dtype=torch.float16, device=DEVICE, seed=17)
+    x = replace(x, q=-x.q.abs(), kv_new=x.kv_new + 3, kv_cache=x.kv_cache + 3)
+    out = torch.full((3, 3, 512), float("nan"), dtype=torch.float16, device=DEVICE)
+    mla_decode(x.q, x.kv_new, x.kv_cache, x.plan, out=out, num_splits=3)
+    _assert_matches(x, out, *FP16[1:])
+
+
 def test_logit_cap():
     # randn q.k over 576 channels at 1/sqrt(192) has logits of std ~1.7: a cap of 1.5 bends most of them
     x, out = _run([65, 1, 1000], heads=4, page_size=64, dtype=torch.float16, seed=31, logit_cap=1.5)
@@ -104,6 +118,7 @@ def test_split_rule():
     assert decode_num_splits(plan(1, 16384), heads=8, sm_count=132) == MAX_SPLITS  # capped
     # a short context: no split shorter than MIN_SPLIT_KEYS keys
     assert decode_num_splits(plan(1, 1000), heads=8, sm_count=132) == -(-1001 // MIN_SPLIT_KEYS)
+    assert decode_num_splits(plan(1, 1024), heads=8, sm_count=132) == 9  # the new token is key 1025
     assert decode_num_splits(plan(1, 0), heads=8, sm_count=132) == 1
     # more head tiles (20 heads -> 2 of BLOCK_H) or requests fill the GPU with fewer splits
     assert BLOCK_H == 16
@@ -111,6 +126,8 @@ def test_split_rule():
     assert decode_num_splits(plan(300, 16384), heads=8, sm_count=132) == 1
     with pytest.raises(ValueError, match="heads and sm_count"):
         decode_num_splits(plan(1, 10), heads=0, sm_count=132)
+    # off the GPU the rule runs as on an H200
+    assert sm_count(torch.device("cpu")) == CPU_SM_STAND_IN == 132
 
 
 def test_rejects_more_than_one_token_per_request():

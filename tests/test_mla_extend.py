@@ -89,6 +89,16 @@ def test_several_query_blocks_per_request(tree, monkeypatch):
     _run(x, dtype, atol, rtol)
 
 
+def test_tree_row_that_sees_only_itself_after_a_block_it_cannot_see(monkeypatch):
+    # fp32 takes 16 new-token keys a block: with no prefix, the last of 20 tokens (it sees
+    # only itself) sees nothing in the first block, and its running max must stay finite
+    monkeypatch.setattr(mla_common, "MAX_Q_LEN", 64)
+    dtype, atol, rtol = FP32
+    x = make_mla_inputs([20], [0], heads=1, page_size=64, dtype=dtype, device=DEVICE, seed=23, tree=True)
+    assert x.plan.tree_mask[19 * 20:].tolist() == [False] * 19 + [True]
+    _run(x, dtype, atol, rtol)
+
+
 def test_tile_is_the_servers_hopper_choice():
     # SGLang, Lq = 576 on compute capability 9: BLOCK_M, BLOCK_N = 32, 64; 8 warps; 1 stage
     assert BLOCK_M >= 16 and BLOCK_N >= 16  # tl.dot minimum
@@ -116,7 +126,7 @@ def test_small_shared_memory_tile_matches_reference(tree, monkeypatch):
     assert seen  # the launcher asked the device
 
 
-def test_prefix_is_read_once_per_head():
+def test_prefix_is_read_once_per_head(monkeypatch):
     # the reason verify is slow on this kernel: heads x the prefix, against a floor of once
     def plan(q_lens, prefix_lens):  # host fields only: the count reads nothing else
         pages = [-(-p // 64) for p in prefix_lens]
@@ -132,6 +142,9 @@ def test_prefix_is_read_once_per_head():
     # no prefix: only the new tokens' own rows; two requests, each its own pass per head
     assert extend_kv_reads(plan([3], [0]), 1, 1) == 3 * HEAD_DIM
     assert extend_kv_reads(plan([1, 7], [65, 0]), 3, 2) == 3 * (66 + 7) * HEAD_DIM * 2
+    # past BLOCK_M tokens (the plan's limit lifted) a causal block reads up to its last row
+    monkeypatch.setattr(mla_common, "MAX_Q_LEN", 64)
+    assert extend_kv_reads(plan([40], [0]), 1, 1) == (32 + 40) * HEAD_DIM
     with pytest.raises(ValueError, match="heads"):
         extend_kv_reads(kimi, 0, 2)
 

@@ -13,18 +13,21 @@ from microbench.kernels.mla_common import MAX_Q_LEN, check_mla_tensors, mla_cost
 from microbench.kernels.reference import mla_attention_ref
 
 
-def _dense(q, keys, sm_scale, mask):
-    """Plain attention for one request: q [n, H, D], keys [L, D], mask [n, L]."""
+def _dense(q, keys, sm_scale, mask, cap=0.0):
+    """Plain attention for one request: q [n, H, D], keys [L, D], mask [n, L]; logits soft-capped
+    as cap * tanh(logit / cap) when cap > 0."""
     logits = torch.einsum("qhd,ld->qhl", q.double(), keys.double()) * sm_scale
+    if cap > 0:
+        logits = cap * torch.tanh(logits / cap)
     logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
     return torch.einsum("qhl,ld->qhd", torch.softmax(logits, -1), keys[:, :512].double())
 
 
-@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize(("page_size", "logit_cap"), [(1, 0.0), (64, 0.0), (64, 1.5)])
 @pytest.mark.parametrize("tree", [False, True])
-def test_reference_matches_plain_attention_on_gathered_keys(page_size, tree):
+def test_reference_matches_plain_attention_on_gathered_keys(page_size, logit_cap, tree):
     x = make_mla_inputs([1, 3, 7], [1, 63, 65], heads=2, page_size=page_size, dtype=torch.float32, device="cpu",
-                        seed=3, tree=tree)
+                        seed=3, tree=tree, logit_cap=logit_cap)
     out = mla_attention_ref(x.q, x.kv_new, x.kv_cache, x.plan)
     p, qo, kv = x.plan, x.plan.qo_indptr.tolist(), x.plan.kv_indptr.tolist()
     moff = 0
@@ -34,7 +37,7 @@ def test_reference_matches_plain_attention_on_gathered_keys(page_size, tree):
         new = p.tree_mask[moff:moff + n * n].view(n, n) if tree else torch.ones(n, n, dtype=torch.bool).tril()
         moff += n * n
         mask = torch.cat([torch.ones(n, pre, dtype=torch.bool), new], 1)
-        want = _dense(x.q[qo[b]:qo[b + 1]], keys, p.sm_scale, mask)
+        want = _dense(x.q[qo[b]:qo[b + 1]], keys, p.sm_scale, mask, cap=logit_cap)
         torch.testing.assert_close(out[qo[b]:qo[b + 1]].double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -71,6 +74,9 @@ def _plan_args(**over):
     ({"tree_mask": torch.ones(12, dtype=torch.bool)}, "tree_mask: 12 entries"),
     ({"tree_mask": torch.zeros(13, dtype=torch.bool)}, "does not see itself"),
     ({"kv_indices": torch.tensor([4.0, 0, 2])}, "kv_indices: expected a 1-D int32"),
+    ({"qo_indptr": torch.tensor([1, 2, 5], dtype=torch.int32)}, "qo_indptr: must start at 0"),
+    ({"qo_indptr": torch.tensor([0, 0, 5], dtype=torch.int32)}, "qo_indptr: request 0 has no new token"),
+    ({"sm_scale": 0.0}, "sm_scale must be > 0"),
 ])
 def test_bad_plans_name_the_argument(over, message):
     with pytest.raises(ValueError, match=message):
@@ -87,6 +93,16 @@ def test_bad_tensors_name_the_argument():
         check_mla_tensors(x.q, x.kv_new, x.kv_cache[:1], x.plan, None)
     with pytest.raises(ValueError, match="out: expected"):
         check_mla_tensors(x.q, x.kv_new, x.kv_cache, x.plan, torch.empty(5, 4, 576, dtype=torch.float16))
+    strided_q = x.q.transpose(0, 1).contiguous().transpose(0, 1)
+    with pytest.raises(ValueError, match="q: must be contiguous"):
+        check_mla_tensors(strided_q, x.kv_new, x.kv_cache, x.plan, None)
+    with pytest.raises(ValueError, match="kv_cache: must be contiguous"):
+        check_mla_tensors(x.q, x.kv_new, x.kv_cache.transpose(0, 1).contiguous().transpose(0, 1), x.plan, None)
+    with pytest.raises(ValueError, match="out: expected"):
+        check_mla_tensors(x.q, x.kv_new, x.kv_cache, x.plan, torch.empty(5, 4, 512, dtype=torch.float32))
+    strided_out = torch.empty(4, 5, 512, dtype=torch.float16).transpose(0, 1)
+    with pytest.raises(ValueError, match="out: expected"):
+        check_mla_tensors(x.q, x.kv_new, x.kv_cache, x.plan, strided_out)
     assert check_mla_tensors(x.q, x.kv_new, x.kv_cache, x.plan, None).shape == (5, 4, 512)
 
 
@@ -94,6 +110,29 @@ def test_cost_counts_the_cache_once_and_every_head_pair():
     x = make_mla_inputs([4], [1000], heads=8, page_size=64, dtype=torch.bfloat16, device="cpu", seed=6)
     nbytes, flops = mla_cost(x.plan, 8, 2)
     assert nbytes >= 2 * 1000 * 576 and nbytes < 2 * 1000 * 576 * 1.1
+    # the prefix, the new latents, q and out; 16 page ids and the three per-request vectors
+    assert nbytes == 2 * (1000 * 576 + 4 * 576 + 4 * 8 * (576 + 512)) + 4 * (16 + 3 * 2)
     assert flops == 2 * 4 * 8 * 1004 * (576 + 512)
     assert pack_tree_masks([torch.ones(2, 2, dtype=torch.bool)]).shape == (4,)
     assert math.isclose(x.plan.sm_scale, 1 / math.sqrt(192))
+
+
+def test_plan_keeps_a_tree_mask_as_bool_with_offsets_per_request():
+    p = plan_mla(**_plan_args(tree_mask=torch.ones(13, dtype=torch.int32)))
+    assert p.tree_mask.dtype == torch.bool
+    assert p.mask_indptr.tolist() == [0, 4, 13]
+
+
+def test_inputs_scatter_random_pages_and_draw_distinct_values_and_trees():
+    # a kernel that ignored the page table, a head, the prefix or the new rows must be
+    # able to fail on these inputs: nothing in them may be zero, ordered or repeated
+    x = make_mla_inputs([8, 2], [130, 65], heads=4, page_size=64, dtype=torch.float32, device="cpu", seed=1, tree=True)
+    pages = x.plan.kv_indices.tolist()
+    assert len(pages) == 5 and pages != sorted(pages)
+    unused = sorted(set(range(x.plan.num_pages)) - set(pages))
+    assert unused and x.kv_cache[unused].std() > 0.5
+    assert x.kv_cache[pages].std() > 0.5 and x.kv_new.std() > 0.5
+    assert not torch.equal(x.q[:, 0], x.q[:, 1]) and not torch.equal(x.kv_new[0], x.kv_new[1])
+    tree = x.plan.tree_mask[:64].view(8, 8)
+    assert tree[7].tolist() == [False] * 7 + [True]  # the last token sees only itself
+    assert not all(tree[i, i - 1] for i in range(1, 7))  # a tree, not a chain

@@ -147,6 +147,12 @@ def test_split_rule_fills_the_gpu_without_short_splits():
     # short contexts are not split below 4 blocks; a tiny one is one split
     assert verify_num_splits(_plan([1], [600]), 8, 132) == 601 // MIN_SPLIT_KEYS
     assert verify_num_splits(_plan([3, 1], [0, 5]), 8, 132) == 1
+    # the length counts the new tokens too: 508 + 4 keys make two splits of 256
+    assert verify_num_splits(_plan([4], [508]), 8, 132) == 2
+    # the minimum length is per group's rows (7 tokens x 7 heads), not all 20 heads'
+    assert verify_num_splits(_plan([7], [8192]), 20, 132) == 8199 // (8 * 7 * 7)
+    # value halves double the programs: half the splits fill the GPU
+    assert verify_num_splits(_plan([4] * 16, [16384] * 16), 8, 132, dv_split=2) == 9
     for plan in (decode, verify, _plan([7, 2], [1000, 131072])):
         for heads in (1, 8, 20):
             s = verify_num_splits(plan, heads, 132)
@@ -168,6 +174,32 @@ def test_bad_input_is_named():
         mla_verify(x.q, x.kv_new, x.kv_cache, x.plan, dv_split=4)
     with pytest.raises(ValueError, match="q: dtype"):
         mla_verify(x.q.to(torch.int16), x.kv_new.to(torch.int16), x.kv_cache.to(torch.int16), x.plan)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_case_gate_fails_a_dropped_prefix_key_and_tf32_products(seed):
+    # the attention case's smoke points in each of its dtypes: its reference is fp32, and its
+    # gate at the point's tolerance tells a kernel that dropped the last prefix token from a right one
+    from microbench.case import expand
+    from microbench.cases.mla import MLAVerifyCase
+
+    case = MLAVerifyCase()
+    for point in expand({**case.axes("smoke", "cpu"), "dtype": list(case.tolerances)}):
+        w = case.setup(point, "cpu", seed)
+        want = case.reference(w)["out"]
+        assert want.dtype == torch.float32
+        q, kv_new, kv_cache, plan = (w.inputs[k] for k in ("q", "kv_new", "kv_cache", "plan"))
+        assert plan.batch == 1 and plan.max_prefix > 1
+        pages = -(-(plan.max_prefix - 1) // plan.page_size)
+        short = plan_mla(plan.qo_indptr, torch.tensor([0, pages], dtype=torch.int32), plan.kv_indices[:pages],
+                         plan.prefix_lens - 1, page_size=plan.page_size, num_pages=plan.num_pages,
+                         sm_scale=plan.sm_scale)
+        wrong = mla_attention_ref(q, kv_new, kv_cache, short).to(q.dtype)
+        atol, rtol = case.tolerance(point)
+        assert not compare(wrong, want, atol=atol, rtol=rtol).passed
+        if point["dtype"] == "fp32":  # the precision check: products at TF32's 10-bit mantissa fail it
+            tf32 = mla_attention_ref(q.half().float(), kv_new.half().float(), kv_cache.half().float(), plan)
+            assert not compare(tf32, want, atol=atol, rtol=rtol).passed
 
 
 def test_the_gpu_tests_tree_batch_tells_a_tree_from_causal():

@@ -1,4 +1,4 @@
-"""RMSNorm kernels against their torch reference, plus the empty launch.
+"""RMSNorm kernels against their torch reference, the norm.rmsnorm case, plus the empty launch.
 
 Runs on CPU tensors under Triton's interpreter when no CUDA device is present, and on
 the GPU otherwise.  Shapes are small and odd (H = 5, 123, 130: below, just under and
@@ -152,15 +152,21 @@ def _bad_calls() -> list:
         r = t(2, 8)
         rmsnorm(t(2, 8), w, EPS, residual=r, out=r)
 
+    def out_overlaps_residual() -> None:
+        buf = t(3 * 8)  # out starts one row into residual
+        rmsnorm(t(2, 8), w, EPS, residual=buf[:16].view(2, 8), out=buf[8:].view(2, 8))
+
     i32 = torch.ones(2, 8, dtype=torch.int32, device=DEVICE)
     return [
         ("x 1-D", lambda: rmsnorm(t(8), w, EPS), "x"),
         ("x int", lambda: rmsnorm(i32, w, EPS), "x"),
         ("x non-contiguous", lambda: rmsnorm(t(8, 2).t(), w, EPS), "x"),
         ("H too large", lambda: rmsnorm(t(1, MAX_HIDDEN + 1), t(MAX_HIDDEN + 1), EPS), "x"),
+        ("H zero", lambda: rmsnorm(t(2, 0), t(0), EPS), "x"),
         ("weight shape", lambda: rmsnorm(t(2, 8), t(7), EPS), "weight"),
         ("weight dtype", lambda: rmsnorm(t(2, 8), t(8, dtype=f16), EPS), "weight"),
         ("weight non-contiguous", lambda: rmsnorm(t(2, 8), t(16)[::2], EPS), "weight"),
+        ("weight device", lambda: rmsnorm(t(2, 8), torch.ones(8, device="meta"), EPS), "weight"),
         ("residual shape", lambda: rmsnorm(t(2, 8), w, EPS, residual=t(3, 8)), "residual"),
         ("residual dtype", lambda: rmsnorm(t(2, 8), w, EPS, residual=t(2, 8, dtype=f16)),
          "residual"),
@@ -168,7 +174,9 @@ def _bad_calls() -> list:
         ("out shape", lambda: rmsnorm(t(2, 8), w, EPS, out=t(2, 9)), "out"),
         ("out dtype", lambda: rmsnorm(t(2, 8), w, EPS, out=t(2, 8, dtype=f16)), "out"),
         ("out is residual", out_is_residual, "out"),
+        ("out overlaps residual", out_overlaps_residual, "out"),
         ("eps negative", lambda: rmsnorm(t(2, 8), w, -1.0), "eps"),
+        ("eps bool", lambda: rmsnorm(t(2, 8), w, True), "eps"),
         ("eps nan", lambda: rmsnorm(t(2, 8), w, float("nan")), "eps"),
     ]
 
@@ -187,6 +195,98 @@ def test_cost_formula() -> None:
     T, H, e = 4, 7168, 2
     assert rmsnorm_cost(T, H, e, fused_residual=False) == ((2 * T * H + H) * e, 4 * T * H)
     assert rmsnorm_cost(T, H, e, fused_residual=True) == ((4 * T * H + H) * e, 5 * T * H)
+    assert rmsnorm_cost(0, H, e, fused_residual=True) == (H * e, 0)  # no rows: the weight alone
+    for bad in ((-1, H, e), (T, 0, e), (T, H, 0)):
+        with pytest.raises(ValueError, match="rmsnorm_cost"):
+            rmsnorm_cost(*bad, fused_residual=False)
+
+
+def test_eps_zero_is_allowed() -> None:
+    inp = _inputs(3, 123, torch.float32, seed=9)
+    got = rmsnorm(inp["x"], inp["weight"], 0.0)
+    torch.testing.assert_close(got, rmsnorm_ref(inp["x"], inp["weight"], 0.0)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_the_widest_row_runs() -> None:
+    inp = _inputs(1, MAX_HIDDEN, torch.float32, seed=10)
+    got = rmsnorm(inp["x"], inp["weight"], EPS)
+    torch.testing.assert_close(got, rmsnorm_ref(inp["x"], inp["weight"], EPS)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_out_may_sit_right_after_residual_in_one_buffer() -> None:
+    """Touching but disjoint spans are not an overlap."""
+    inp = _inputs(2, 8, torch.float32, seed=11)
+    buf = torch.empty(2 * 2 * 8, device=DEVICE)
+    residual, out = buf[:16].view(2, 8), buf[16:].view(2, 8)
+    residual.copy_(inp["residual"])
+    want, want_res = rmsnorm_ref(inp["x"], inp["weight"], EPS, residual=inp["residual"])
+    rmsnorm(inp["x"], inp["weight"], EPS, residual=residual, out=out)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(residual, want_res, atol=1e-5, rtol=1e-5)
+
+
+def test_arguments_that_are_not_tensors_raise_type_error() -> None:
+    x, w = torch.randn(2, 8, device=DEVICE), torch.ones(8, device=DEVICE)
+    for call, name in ((lambda: rmsnorm(x.tolist(), w, EPS), "x"), (lambda: rmsnorm(x, w.tolist(), EPS), "weight"),
+                       (lambda: rmsnorm(x, w, EPS, residual=x.tolist()), "residual"),
+                       (lambda: rmsnorm(x, w, EPS, out=x.tolist()), "out"), (lambda: empty_launch([0.0]), "x")):
+        with pytest.raises(TypeError, match=rf"^{name}:"):
+            call()
+
+
+def test_a_compiled_kernel_refuses_cpu_tensors_unless_launches_only_compile(monkeypatch) -> None:
+    from microbench.kernels import checks
+
+    not_interpreted = object()
+    with pytest.raises(ValueError, match=r"^x: on cpu; the kernel needs a CUDA tensor"):
+        checks.require_runnable(not_interpreted, torch.zeros(1))
+    monkeypatch.setattr(checks, "COMPILE_ONLY", True)
+    checks.require_runnable(not_interpreted, torch.zeros(1))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_the_case_normalises_the_layers_widths_and_fuses_the_residual_into_the_input_norm(dtype: str) -> None:
+    from microbench.cases.common import model
+    from microbench.cases.rmsnorm import RMSNormCase
+
+    m, case = model(), RMSNormCase()
+    for norm, width, fused in (("input", m.hidden_size, True), ("q_a", m.q_lora_rank, False),
+                               ("kv_a", m.kv_lora_rank, False)):
+        w = case.setup({"tokens": 2, "norm": norm, "dtype": dtype}, DEVICE, 0)
+        x, weight = w.inputs["x"], w.inputs["weight"]
+        assert x.shape == (2, width) and w.outputs["out"].shape == (2, width) and w.inputs["eps"] == m.rms_norm_eps
+        assert ("residual" in w.inputs) is fused
+        assert (w.cost.bytes, w.cost.flops) == rmsnorm_cost(2, width, x.element_size(), fused)
+        assert float(weight.float().std()) > 0.1  # a weight of ones would hide one left unapplied
+        ref = case.reference(w)
+        assert set(ref) == ({"out", "residual"} if fused else {"out"})
+        if fused:  # an x + residual that is not 2x: normalising x alone would match it
+            assert not torch.equal(w.inputs["residual"], x)
+            torch.testing.assert_close(ref["residual"], x.float() + w.inputs["residual"].float())
+
+
+def test_both_case_variants_update_the_residual_and_follow_the_reference_at_a_large_eps() -> None:
+    from microbench.cases.rmsnorm import RMSNormCase
+
+    for v in RMSNormCase().variants():
+        for fused in (False, True):
+            inp = _inputs(3, 130, torch.float32, seed=12)
+            residual = inp["residual"].clone() if fused else None
+            out = torch.full_like(inp["x"], float("nan"))
+            v.fn(inp["x"], inp["weight"], 4.0, out, residual=residual)
+            want, want_res = rmsnorm_ref(inp["x"], inp["weight"], 4.0, residual=inp["residual"] if fused else None)
+            torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+            if fused:
+                torch.testing.assert_close(residual, want_res, atol=1e-5, rtol=1e-5)
+
+
+def test_the_case_checks_bf16_on_the_gpu_alone() -> None:
+    from microbench.cases.rmsnorm import RMSNormCase
+
+    case = RMSNormCase()
+    assert "bf16 is checked on the GPU" in case.skip({"tokens": 1, "norm": "kv_a", "dtype": "bf16"}, "cpu")
+    assert case.skip({"tokens": 1, "norm": "kv_a", "dtype": "bf16"}, "cuda:0") is None
+    assert case.skip({"tokens": 1, "norm": "kv_a", "dtype": "fp16"}, "cpu") is None
 
 
 def test_empty_launch_runs() -> None:
@@ -195,6 +295,22 @@ def test_empty_launch_runs() -> None:
     assert torch.equal(x, torch.zeros(4, device=DEVICE)), "the empty kernel must not write"
     if CUDA:
         torch.cuda.synchronize()
+
+
+def test_empty_launch_is_one_program_of_one_warp(monkeypatch) -> None:
+    from microbench.kernels import launch
+
+    launches = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, args, kwargs))
+
+    monkeypatch.setattr(launch, "_empty_kernel", Kernel())
+    monkeypatch.setattr(launch, "require_runnable", lambda kernel, t: None)
+    x = torch.zeros(4, device=DEVICE)
+    launch.empty_launch(x)
+    assert launches == [((1,), (x,), {"num_warps": 1})]
 
 
 def test_cupy_empty_launch_passes_the_stream_and_enters_a_device_only_when_it_differs(monkeypatch) -> None:
@@ -223,9 +339,9 @@ def test_cupy_empty_launch_passes_the_stream_and_enters_a_device_only_when_it_di
         def __exit__(self, *exc):
             return False
 
-    current = {"device": 0}
+    current, wrapped = {"device": 0}, []
     cuda = types.SimpleNamespace(
-        ExternalStream=lambda ptr: ("stream", ptr), Device=Device,
+        ExternalStream=lambda ptr: wrapped.append(ptr) or ("stream", ptr), Device=Device,
         runtime=types.SimpleNamespace(getDevice=lambda: current["device"]))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawKernel=Kernel, cuda=cuda))
     monkeypatch.setattr(launch, "_cupy_state", {})
@@ -238,3 +354,4 @@ def test_cupy_empty_launch_passes_the_stream_and_enters_a_device_only_when_it_di
     current["device"] = 0
     launch.cupy_empty_launch(x)
     assert len(calls) == 2 and calls[1] == calls[0] and entered == [1]
+    assert wrapped == [1234]  # the stream is wrapped once, not on every timed call
