@@ -8,6 +8,7 @@ tuner is driven through the command line on the scaled-down layout.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -49,6 +50,68 @@ def test_distinct_routing_touches_every_choice_once_and_router_routing_respects_
     assert int(ids.min()) >= -1 and int(ids.max()) < 48 and (ids == -1).any()
     with pytest.raises(ValueError, match="routing"):
         routing(s, 2, "uniform", torch.float32, "cpu", 0)
+
+
+def test_int4_expert_weights_use_every_nibble_and_varied_group_scales():
+    """The drawn INT4 checkpoint is not degenerate: every nibble position (the sign bit's
+    too) holds all 16 values, one positive scale per 32 inputs that differs between groups,
+    and the dequantised weights give unit-variance GEMM outputs."""
+    from microbench.cases.moe_inputs import expert_weights
+    from microbench.kernels.moe_reference import unpack_int4
+
+    s = moe_shape("mini")  # 16 experts, H = 128, I = 32
+    ck = expert_weights(s, "int4", torch.float16, "cpu", 5)
+    for name, n, k in (("w13", 2 * s.inter, s.hidden), ("w2", s.hidden, s.inter)):
+        q, sc = ck[name], ck[f"{name}_scales"]
+        assert q.shape == (16, n, k // 8) and sc.shape == (16, n, k // 32) and sc.dtype == torch.float16
+        for j in range(8):
+            assert ((q >> (4 * j)) & 0xF).unique().numel() == 16, (name, j)
+        assert (sc > 0).all() and float(sc.float().std() / sc.float().mean()) > 0.1
+        assert 0.8 < float(unpack_int4(q, sc).std()) * k ** 0.5 < 1.25
+
+
+def test_routings_are_seeded_draws_not_fixed_patterns():
+    s = moe_shape("mini")
+    a = routing(s, 2, "distinct", torch.float32, "cpu", 0)[2]
+    assert torch.equal(a, routing(s, 2, "distinct", torch.float32, "cpu", 0)[2])
+    assert not torch.equal(a, routing(s, 2, "distinct", torch.float32, "cpu", 1)[2])
+    # the router's: logits of unit scale (saturated sigmoids, all 1.0, would weigh some of
+    # a token's choices exactly alike), from gate rows drawn apart from the hidden states
+    # (else token t would pick expert t first)
+    _, w, ids = routing(s, 16, "router", torch.float32, "cpu", 0)
+    assert all(row.unique().numel() == s.top_k for row in w)
+    assert int((ids[:, 0] == torch.arange(16)).sum()) <= 4
+
+
+# The baseline's activation runs over the rows of pairs whose expert is elsewhere, never
+# written: the interpreter's numpy may warn about what the memory held (the rows are unread).
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_an_expert_parallel_point_counts_and_runs_only_this_ranks_pairs(monkeypatch, tmp_path):
+    """Under EP the router picks among all the model's experts and the rest are -1: the
+    point's facts, bytes and FLOPs count this rank's pairs, and the baseline is told to
+    zero the others' rows (it then matches the reference)."""
+    from microbench.cases import moe_inputs
+    from microbench.kernels.moe_reference import moe_cost
+
+    monkeypatch.setattr(moe_cases, "TUNING_DIR", str(tmp_path))
+    ep = dataclasses.replace(moe_shape("mini"), name="mini-ep2", experts=8, hidden=64)  # 8 of 16 here
+    real = moe_inputs.moe_shape
+    monkeypatch.setattr(moe_inputs, "moe_shape", lambda layout: ep if layout == ep.name else real(layout))
+    case = moe_cases.MoEExpertsCase()
+    point = {"layout": ep.name, "weights": "bf16", "tokens": 6, "routing": "router", "dtype": "fp16"}
+    w = case.setup(point, DEVICE, 3)
+    ids = w.inputs["topk_ids"]
+    local = ids[ids >= 0]
+    assert (ids == -1).any() and int(local.max()) < ep.experts
+    distinct = int(local.unique().numel())
+    assert w.facts["experts"] == distinct and w.facts["pairs"] == local.numel()
+    assert w.cost.flops == 2 * local.numel() * 3 * ep.inter * ep.hidden
+    assert w.cost.bytes == moe_cost(6, ep.hidden, ep.inter, ep.top_k, distinct, "bf16", elem_bytes=2)[0]
+    assert w.inputs["configs"]["remote"]
+    assert not case.configs({**point, "layout": "mini"}, DEVICE)[0]["remote"]
+    moe_cases._fused(**w.kwargs())
+    torch.testing.assert_close(w.outputs["out"].float(), case.reference(w)["out"], rtol=1e-2, atol=1e-2)
 
 
 def test_verify_axes_are_the_issue_sweep():

@@ -195,6 +195,33 @@ def test_few_token_int4_unpacked_once_matches_reference(T, E, k, pattern, H, I, 
     _assert_matches_ref(_launch("few_token", cfg, x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
 
 
+@pytest.mark.parametrize("kind", ["dense", "int4"])
+@pytest.mark.parametrize("kernel", ["fused", "few_token"])
+def test_kernels_mask_a_partial_last_n_tile(kernel, kind):
+    """H = 40 and I = 24 with 16-wide N tiles: the last tile of w2's output (both kernels)
+    and of the few-token kernel's w13 half is partial; nothing may spill past a row."""
+    T, E, H, I, k = 5, 6, 40, 24, 2
+    ck, W = _checkpoint(kind, E, H, I, seed=51, group_size=8)
+    x = _hidden(T, H, seed=52)
+    tw, ids = routing("distinct", T, E, k, seed=53)
+    cfg = FUSED_CONFIGS[0].values[0] if kernel == "fused" else FEW_CONFIGS[0].values[0]
+    _assert_matches_ref(_launch(kernel, cfg, x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
+
+
+@pytest.mark.parametrize(("kernel", "cfg"), [
+    pytest.param("fused", GemmConfig(block_n=16, block_k=32, block_m=16), id="fused-bk32"),
+    pytest.param("few_token", (GemmConfig(block_n=16, block_k=16, split_k=2, unpack=1),
+                               GemmConfig(block_n=16, block_k=32, unpack=1)), id="few-unpack-bk16-32"),
+])
+def test_int4_groups_longer_than_the_k_step(kernel, cfg):
+    """Group size 64 over K steps of 16 and 32: several tiles read one row of scales."""
+    T, E, H, I, k = 3, 4, 128, 64, 2
+    ck, W = _checkpoint("int4", E, H, I, seed=61, group_size=64)
+    x = _hidden(T, H, seed=62)
+    tw, ids = routing("distinct", T, E, k, seed=63)
+    _assert_matches_ref(_launch(kernel, cfg, x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
+
+
 @pytest.mark.parametrize("weights", ["int4", "bf16"])
 def test_a_short_fused_search_varies_its_n_tile_and_stages_first(weights):
     """At few tokens each expert has one row block: group_m only reorders tiles and a larger
@@ -363,6 +390,8 @@ def _bad_prepare_cases():
          r"^w2: expected \[4, 64, I/8\]"),
         ("int4-w13-float", (w13, q2), dict(w13_scales=s13, w2_scales=s2), r"^w13: packed INT4"),
         ("group-mismatch", (q13, q2_g16), dict(w13_scales=s13, w2_scales=s2_g16), r"^w2_scales: group size 16"),
+        # another device than the words' (a CPU-only stand-in for a GPU / CPU mix)
+        ("scales-device", (q13, q2), dict(w13_scales=s13, w2_scales=s2.to("meta")), r"^w2_scales: on meta"),
     ]
     return [pytest.param(a, kw, pat, id=name) for name, a, kw, pat in cases]
 
@@ -472,7 +501,8 @@ def test_kimi_tp8_bf16_gpu(kernel, T, kind):
 @pytest.mark.parametrize("kernel", ["fused", "few_token"])
 def test_other_ranks_ids_add_nothing_in_both_kernels(kernel):
     """Expert parallelism: ids of experts held by another rank are -1 and contribute nothing
-    (the baseline zeroes their rows with ``remote_ids``; the few-token kernel drops them)."""
+    (the baseline zeroes their rows with ``remote_ids``; the few-token kernel drops them),
+    and pass the host-side id check."""
     T, E, H, I, k = 6, 8, 64, 32, 4
     ck, W = _checkpoint("dense", E, H, I, seed=3)
     x = _hidden(T, H, seed=4)
@@ -481,6 +511,6 @@ def test_other_ranks_ids_add_nothing_in_both_kernels(kernel):
     tw, ids = route(x, gate, None, top_k=k, n_group=1, topk_group=1, routed_scaling_factor=2.5)
     ids = torch.where(ids >= 6, torch.full_like(ids, -1), ids)  # experts 6, 7 live elsewhere
     assert (ids == -1).any()
-    kw = {"remote_ids": True} if kernel == "fused" else {}
+    kw = {"remote_ids": True, "check_ids": True} if kernel == "fused" else {"check_ids": True}
     _assert_matches_ref(_launch(kernel, KERNEL_CONFIGS[0 if kernel == "fused" else 2].values[1], x, W, tw, ids, **kw),
                         _reference(x, ck, tw, ids), x, FP16_TOL)

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from microbench.kernels import moe_routing
-from microbench.kernels.moe_reference import align_ref, router_ref
-from microbench.kernels.moe_routing import align, route, trim_alignment
+from microbench.kernels.moe_reference import align_capacity, align_cost, align_ref, router_cost, router_ref
+from microbench.kernels.moe_routing import align, expert_segments, route, trim_alignment
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -28,8 +28,14 @@ DEEPSEEK = (32, 8, 4, 4, 2.5, True, True)  # DeepSeek-V3's grouping, scaled down
 KIMI = (48, 1, 1, 8, 2.827, True, True)  # Kimi-K2.5: one group, top-8
 ODD_GROUPS = (24, 4, 2, 3, 1.0, False, False)  # groups of 6 (padded tile), no bias
 SINGLETON_GROUPS = (8, 8, 3, 2, 1.5, True, True)  # one expert per group
+# three groups (a padded group row in the kernel's tile): one dropped, and none dropped;
+# both scale weights that are not renormalised
+THREE_GROUPS_DROP_ONE = (18, 3, 2, 4, 1.7, False, True)
+THREE_GROUPS_KEEP_ALL = (18, 3, 3, 5, 0.6, False, True)
 CONFIGS = [pytest.param(DEEPSEEK, id="deepseek"), pytest.param(KIMI, id="kimi"),
-           pytest.param(ODD_GROUPS, id="odd-groups"), pytest.param(SINGLETON_GROUPS, id="singleton-groups")]
+           pytest.param(ODD_GROUPS, id="odd-groups"), pytest.param(SINGLETON_GROUPS, id="singleton-groups"),
+           pytest.param(THREE_GROUPS_DROP_ONE, id="three-groups-drop-one"),
+           pytest.param(THREE_GROUPS_KEEP_ALL, id="three-groups-keep-all")]
 
 
 def _router_inputs(T: int, H: int, E: int, dtype: torch.dtype, seed: int, with_bias: bool):
@@ -154,6 +160,51 @@ def test_route_no_tokens():
     assert w.shape == ids.shape == (0, 8)
 
 
+def _logit_inputs(logits: list[list[float]]):
+    """hidden rows that are the logits themselves (an identity gate): exact fp32 scores."""
+    hidden = torch.tensor(logits, dtype=torch.float32, device=DEVICE)
+    return hidden, torch.eye(hidden.shape[1], dtype=torch.float32, device=DEVICE)
+
+
+def test_route_and_router_ref_break_ties_to_the_lower_index():
+    """Equal scores, equal pairs of top scores inside a group, and equal group scores: the
+    lower expert and the lower group win, as the loop writes out."""
+    cfg = (16, 4, 2, 3, 2.0, True, False)
+    hidden, gate = _logit_inputs([
+        # group 0: two tied bests; group 1: a higher best but a lower sum of two;
+        # groups 2 and 3 identical, between them: keep groups 0 and 2, then 0, 1, 8
+        [2.0, 2.0, -3, -3, 2.5, 0.5, -3, -3, 1.5, 1.5, -3, -3, 1.5, 1.5, -3, -3],
+        [0.0] * 16,  # everything tied: groups 0 and 1, experts 0, 1, 2
+    ])
+    want_ids = [[0, 1, 8], [0, 1, 2]]
+    lw, lids = _router_loop(hidden, gate, None, top_k=3, n_group=4, topk_group=2, factor=2.0, renormalize=True)
+    assert lids.tolist() == want_ids
+    for w, ids in (router_ref(hidden, gate, None, **_kwargs(cfg)), route(hidden, gate, None, **_kwargs(cfg))):
+        assert ids.cpu().tolist() == want_ids
+        torch.testing.assert_close(w.cpu().double(), lw, rtol=1e-6, atol=1e-6)
+
+
+# the interpreter's sigmoid overflows exp(200) to inf on the way to its 0
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_renormalised_weights_of_underflowing_scores_are_zero_not_nan():
+    """Every sigmoid underflows to 0 (all tied: the lowest ids): the 1e-20 in the
+    denominator keeps the weights 0."""
+    cfg = (8, 1, 1, 2, 2.5, True, False)
+    hidden, gate = _logit_inputs([[-200.0] * 8, [-200.0] * 7 + [-150.0]])
+    for w, ids in (router_ref(hidden, gate, None, **_kwargs(cfg)), route(hidden, gate, None, **_kwargs(cfg))):
+        assert ids.cpu().tolist() == [[0, 1], [0, 1]]
+        assert torch.equal(w.cpu(), torch.zeros(2, 2))
+
+
+def test_top_k_may_take_every_expert_of_the_kept_groups():
+    cfg = (8, 4, 2, 4, 1.5, True, True)  # top_k = topk_group * E / n_group
+    hidden, gate, bias = _router_inputs(5, 37, 8, torch.float32, seed=29, with_bias=True)
+    w, ids = route(hidden, gate, bias, **_kwargs(cfg))
+    _assert_routing_matches(w, ids, hidden, gate, bias, cfg, exact=not CUDA, sel_atol=1e-5, rtol=1e-5)
+    for row in ids.tolist():  # two whole groups of two
+        assert sorted(e // 2 for e in row) in ([a, a, b, b] for a in range(4) for b in range(a + 1, 4))
+
+
 # --------------------------------------------------------------------------------------
 # align_ref and align
 # --------------------------------------------------------------------------------------
@@ -257,6 +308,84 @@ def test_align_no_pairs():
     s, b, p = trim_alignment(*align(topk_ids, 16, 16))
     assert s.numel() == b.numel() == p == 0
     assert align_ref(topk_ids, 16, 16)[2] == 0
+
+
+def test_align_runs_that_fill_whole_blocks_take_no_extra_block():
+    """Experts with exactly one and two blocks of pairs: P is the pair count, no padding."""
+    topk_ids = torch.empty(32, 2, dtype=torch.int32)
+    topk_ids[:, 0] = 1  # 32 pairs: two blocks
+    topk_ids[:16, 1], topk_ids[16:, 1] = 3, 0  # 16 pairs each: one block
+    ref = align_ref(topk_ids, 4, 16)
+    _assert_layout(*ref, topk_ids, 4, 16)
+    assert ref[2] == 64 and ref[1].tolist() == [0, 1, 1, 3] and (ref[0] != 64).all()
+    out = trim_alignment(*align(topk_ids.to(DEVICE), 4, 16))
+    assert out[2] == 64 and torch.equal(out[0].cpu(), ref[0]) and torch.equal(out[1].cpu(), ref[1])
+
+
+def test_align_drops_ids_between_num_experts_and_the_next_power_of_two():
+    """E = 6 (a tile of 8 expert lanes): ids 6 and 7, like -1, are dropped unchecked."""
+    topk_ids = torch.tensor([[0, 6], [7, 2], [5, 2], [-1, 0]], dtype=torch.int32, device=DEVICE)
+    s, b, p = trim_alignment(*align(topk_ids, 6, 4))
+    assert p == 12 and b.tolist() == [0, 2, 5]
+    assert s.tolist() == [0, 7, 8, 8, 3, 5, 8, 8, 4, 8, 8, 8]
+    sorted_ids, seg_e, seg_start, seg_cnt, nseg = expert_segments(topk_ids, 6)
+    n = int(nseg)
+    assert (seg_e[:n].tolist(), seg_start[:n].tolist(), seg_cnt[:n].tolist()) == ([0, 2, 5], [0, 2, 4], [2, 2, 1])
+    assert sorted_ids[:5].tolist() == [0, 7, 3, 5, 4]
+
+
+def test_align_capacity_and_costs_by_hand():
+    # each touched expert pads by at most block - 1, and at most min(E, pairs) are touched:
+    # 3 pairs over 384 experts at block 16: 3 + 3 * 15 = 48 (three blocks, all reached
+    # when the three pairs go to three experts)
+    assert align_capacity(3, 384, 16) == 48
+    assert align_ref(torch.tensor([[5, 9, 300]], dtype=torch.int32), 384, 16)[2] == 48
+    # 10 pairs over 4 experts: 10 + 4 * 15 = 70, rounded up to whole blocks: 80
+    assert align_capacity(10, 4, 16) == 80
+    assert align_capacity(5, 8, 1) == 5 and align_capacity(0, 8, 16) == 0
+    # read 10 ids, write 80 sorted ids, 5 block experts and the padded total: 4 bytes each
+    assert align_cost(10, 4, 16) == (4 * (10 + 80 + 5 + 1), 0)
+    # T = 4, H = 64, E = 16, top-2, bf16: (T*H + E*H) * 2 + 4*E (fp32 bias) + 8*T*top_k
+    # (fp32 weights and int32 ids out); FLOPs 2*T*H*E (gate GEMM) + T*E (bias add)
+    assert router_cost(4, 64, 16, 2, 2) == ((4 * 64 + 16 * 64) * 2 + 64 + 64, 2 * 4 * 64 * 16 + 64)
+
+
+class _GuardedTorch:
+    """``torch`` whose ``empty`` returns the head of a longer buffer: the tail, filled with
+    a marker, shows whether a kernel wrote past the tensor it was given."""
+
+    MARK, TAIL = 77, 64
+
+    def __init__(self):
+        self.made: list[tuple[torch.Tensor, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def empty(self, *size, dtype=None, device=None):
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        n = math.prod(shape)
+        buf = torch.full((n + self.TAIL,), self.MARK, dtype=dtype, device=device)
+        self.made.append((buf, n))
+        return buf[:n].view(shape)
+
+    def untouched(self) -> bool:
+        return all(bool((buf[n:] == self.MARK).all()) for buf, n in self.made)
+
+
+def test_route_and_align_write_nothing_past_their_outputs(monkeypatch):
+    """top_k = 3 and block size 3 are not powers of two: the kernels' tiles are wider than
+    what they store, and the masks must stop at the outputs' ends."""
+    guarded = _GuardedTorch()
+    monkeypatch.setattr(moe_routing, "torch", guarded)
+    hidden, gate, bias = _router_inputs(5, 37, 24, torch.float32, seed=41, with_bias=True)
+    w, ids = route(hidden, gate, bias, **_kwargs(ODD_GROUPS))
+    _assert_routing_matches(w, ids, hidden, gate, bias, ODD_GROUPS, exact=not CUDA, sel_atol=1e-5, rtol=1e-5)
+    for bs in (3, 16):
+        out = trim_alignment(*align(ids, 24, bs))
+        ref = align_ref(ids, 24, bs)
+        assert out[2] == ref[2] and torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    assert len(guarded.made) == 8 and guarded.untouched()
 
 
 # --------------------------------------------------------------------------------------

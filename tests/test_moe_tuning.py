@@ -83,6 +83,7 @@ def test_default_config_rule():
     assert default_config("fused", "w13+w2", "int4", 512, 7168, 4) == GemmConfig(block_n=64, block_k=64)
     assert default_config("few_token", "w13", "int4", 512, 7168, 4).split_k == 4
     assert default_config("few_token", "w13", "int4", 512, 1024, 4).split_k == 1
+    assert default_config("few_token", "w13", "int4", 512, 2048, 4).split_k == 4  # K >= 2048
     assert default_config("few_token", "w2", "bf16", 7168, 256, 4).split_k == 1
     assert default_config("few_token", "w13", "bf16", 48, 64, 4).block_n == 64  # narrower N: next power of two
     # bf16 K steps: 128 for 16-row tiles, 64 for 32 and 64 rows (where 128 spills)
