@@ -41,7 +41,7 @@ def layer_shape(name: str) -> LayerShape:
     """``mini`` (CPU) or a model at TP8 ("kimi-tp8", "dsv3-tp8"), from the model files."""
     if name == "mini":
         return MINI
-    from microbench.models import ParallelLayout, rank_shapes
+    from microbench.layout import ParallelLayout, rank_shapes
 
     models = {"kimi-tp8": "kimi-k2.5", "dsv3-tp8": "deepseek-v3"}
     if name not in models:

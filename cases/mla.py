@@ -50,7 +50,7 @@ def _verify_dv2(q, kv_new, kv_cache, plan, out) -> None:
 
 
 def _heads() -> int:
-    from microbench.models import ParallelLayout, rank_shapes
+    from microbench.layout import ParallelLayout, rank_shapes
 
     return rank_shapes(model(), ParallelLayout(tp=8)).heads_per_rank
 

@@ -47,7 +47,7 @@ def moe_shape(layout: str) -> MoEShape:
         return MoEShape("mini", **MINI)
     if layout not in LAYOUTS:
         raise ValueError(f"layout: unknown {layout!r} (known: mini, {', '.join(LAYOUTS)})")
-    from microbench.models import ParallelLayout, rank_shapes
+    from microbench.layout import ParallelLayout, rank_shapes
 
     name, tp, ep = LAYOUTS[layout]
     m = model(name)

@@ -45,7 +45,7 @@ MOE = ("fused", "few_token")
 
 @dataclass(frozen=True)
 class LayerShape:
-    """One rank's layer sizes (from ``microbench.models.rank_shapes``, or scaled down)."""
+    """One rank's layer sizes (from ``microbench.layout.rank_shapes``, or scaled down)."""
 
     hidden: int
     heads: int

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from microbench.hardware import HardwareProfile
+from microbench.layout import ParallelLayout, RankShapes, rank_shapes
 from microbench.measured import Measured
-from microbench.models import ACTIVATION_BYTES, ConfigError, ModelConfig, ParallelLayout, RankShapes, rank_shapes
+from microbench.models import ACTIVATION_BYTES, ConfigError, ModelConfig
 
 PHASES = ("decode", "verify")
 MODES = ("eager", "graph")

@@ -13,7 +13,8 @@ def cmd_shapes(a: argparse.Namespace) -> int:
     """A model config and a parallel layout -> the per-rank shapes every case uses."""
     from tabulate import tabulate
 
-    from microbench.models import ConfigError, ParallelLayout, load_model, rank_shapes
+    from microbench.layout import ParallelLayout, rank_shapes
+    from microbench.models import ConfigError, load_model
 
     try:
         model = load_model(a.model)

@@ -13,7 +13,8 @@ def cmd_model(a: argparse.Namespace) -> int:
     from microbench.budget import MODES, Scenario, budget
     from microbench.budget_table import render
     from microbench.measured import Measured
-    from microbench.models import ParallelLayout, load_model
+    from microbench.layout import ParallelLayout
+    from microbench.models import load_model
     from microbench.cli import UsageError
     from microbench.results import ResultError
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import torch
 
@@ -10,6 +13,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 from microbench.case import Case, Cost, Variant, Workload
 from microbench.cases.common import randn
+from microbench.models import cases_dir
 
 
 class Scaled(Case):
@@ -105,3 +109,9 @@ class FakeClock:
 def lognormal(rng: np.random.Generator, n: int, sigma: float, scale: float = 1e-3) -> np.ndarray:
     """[n] seconds: ``scale`` times lognormal noise of log-sigma ``sigma`` (median = scale)."""
     return scale * np.exp(sigma * rng.standard_normal(n))
+
+
+def shipped_json(kind: str, name: str) -> dict:
+    """A shipped config or profile (``cases/<kind>/<name>.json``) as parsed JSON, to edit."""
+    with open(os.path.join(cases_dir(kind), f"{name}.json"), encoding="utf-8") as f:
+        return json.load(f)

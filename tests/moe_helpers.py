@@ -6,6 +6,9 @@ import math
 
 import torch
 
+from microbench.kernels.moe_common import prepare_weights
+from microbench.kernels.moe_reference import pack_int4
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -36,3 +39,22 @@ def routing(pattern: str, T: int, E: int, k: int, seed: int) -> tuple[torch.Tens
     ids = torch.stack(rows).to(torch.int32)
     tw = torch.rand(T, k, generator=g) + 0.1
     return tw.to(DEVICE), ids.to(DEVICE)
+
+
+def moe_checkpoint(kind: str, E: int, H: int, I: int, seed: int, dtype=torch.float16, group_size: int = 32):
+    """(reference kwargs, ExpertWeights) holding the same numbers: dense weights of
+    ``dtype``, or INT4 words with their scales cast to ``dtype`` (the reference is fed
+    those cast scales, so both dequantise identically)."""
+    w13, w2 = dense_weights(E, H, I, seed)
+    if kind == "dense":
+        ck = {"w13": w13.to(DEVICE, dtype), "w2": w2.to(DEVICE, dtype)}
+    else:
+        (q13, s13), (q2, s2) = pack_int4(w13, group_size), pack_int4(w2, group_size)
+        ck = {"w13": q13.to(DEVICE), "w2": q2.to(DEVICE), "w13_scales": s13.to(DEVICE, dtype),
+              "w2_scales": s2.to(DEVICE, dtype)}
+    W = prepare_weights(ck["w13"], ck["w2"], w13_scales=ck.get("w13_scales"), w2_scales=ck.get("w2_scales"))
+    return ck, W
+
+
+def hidden_states(T: int, H: int, seed: int, dtype=torch.float16) -> torch.Tensor:
+    return torch.randn(T, H, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)

@@ -12,8 +12,11 @@ from microbench.budget import Scenario, budget
 from microbench.budget_table import render
 from microbench.cli import main
 from microbench.hardware import load_profile
+from microbench.layout import ParallelLayout
 from microbench.measured import Measured
-from microbench.models import ConfigError, ModelConfig, ParallelLayout, cases_dir, load_model
+from microbench.models import ConfigError, ModelConfig, load_model
+
+from .helpers import shipped_json
 
 #: round numbers, so every expected value below is worked out by hand
 PROFILE = {
@@ -56,8 +59,7 @@ def _hw(tmp_path, **figures):
 
 def _model(name, **text):
     """A shipped model config with some of its keys changed."""
-    with open(f"{cases_dir('models')}/{name}.json", encoding="utf-8") as f:
-        raw = json.load(f)
+    raw = shipped_json("models", name)
     (raw.get("text_config") or raw).update(text)
     return ModelConfig.from_hf(raw, name=name)
 

@@ -14,12 +14,15 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
 import microbench.cases as cases_pkg
 from microbench.case import Variant
 from microbench.cli import main
+from microbench.results import ResultWriter
+from microbench.stats import summarize
 
 from .helpers import DEVICE, Scaled
 
@@ -120,22 +123,24 @@ def test_run_report_compare_round_trip(tmp_path, capsys):
     assert err == "microbench: error: --variant tritn: no such variant; variants in the result file: torch, triton"
 
 
+def _result_file(path, records) -> str:
+    """A complete result file of ``records`` (a CPU run, no fingerprint to speak of)."""
+    w = ResultWriter(str(path), {"device": "cpu"}, {"git": {}, "host": {}})
+    w.add(records)
+    return w.close(complete=True)
+
+
+def _timed(rng, variant="v", scale=1.0, n=300, case="c"):
+    """An OK record of ``n`` synthetic samples around 100 µs x ``scale``, 2% spread."""
+    s = list(1e-4 * scale * rng.lognormal(0, 0.02, n))
+    return {"case": case, "axes": {"n": 1}, "variant": variant, "status": "OK",
+            "timing": {"samples_s": s, "summary": summarize(s).to_dict(), "mode": "hot"}}
+
+
 def test_fail_on_slower_exits_1(tmp_path, capsys):
     """Exit codes from the verdicts of two (synthetic, so deterministic) result files."""
-    import numpy as np
-
-    from microbench.results import ResultWriter
-    from microbench.stats import summarize
-
     rng = np.random.default_rng(0)
-    paths = []
-    for name, scale in (("a", 1.0), ("b", 1.2)):
-        s = list(1e-4 * scale * rng.lognormal(0, 0.02, 300))
-        w = ResultWriter(str(tmp_path / name), {"device": "cpu"}, {"git": {}, "host": {}})
-        w.add([{"case": "c", "axes": {"n": 1}, "variant": "v", "status": "OK",
-                "timing": {"samples_s": s, "summary": summarize(s).to_dict(), "mode": "hot"}}])
-        paths.append(w.close(complete=True))
-    a, b = paths
+    a, b = (_result_file(tmp_path / name, [_timed(rng, scale=scale)]) for name, scale in (("a", 1.0), ("b", 1.2)))
     assert main(["compare", a, b, "--fail-on", "slower"]) == 1
     assert "SLOWER" in capsys.readouterr().out
     assert main(["compare", b, a, "--fail-on", "slower"]) == 0  # faster is not a failure
@@ -144,43 +149,18 @@ def test_fail_on_slower_exits_1(tmp_path, capsys):
 
 def test_fail_on_slower_exits_1_when_any_one_case_is_slower(tmp_path, capsys):
     """One SLOWER case among cases that are SAME still fails the gate."""
-    import numpy as np
-
-    from microbench.results import ResultWriter
-    from microbench.stats import summarize
-
     rng = np.random.default_rng(2)
-    paths = []
-    for name, scale in (("a", 1.0), ("b", 1.2)):
-        w = ResultWriter(str(tmp_path / name), {"device": "cpu"}, {"git": {}, "host": {}})
-        for v, f in (("same", 1.0), ("slower", scale)):
-            s = list(1e-4 * f * rng.lognormal(0, 0.02, 300))
-            w.add([{"case": "c", "axes": {"n": 1}, "variant": v, "status": "OK",
-                    "timing": {"samples_s": s, "summary": summarize(s).to_dict(), "mode": "hot"}}])
-        paths.append(w.close(complete=True))
+    paths = [_result_file(tmp_path / name, [_timed(rng, "same"), _timed(rng, "slower", scale)])
+             for name, scale in (("a", 1.0), ("b", 1.2))]
     assert main(["compare", *paths, "--fail-on", "slower"]) == 1
     assert "verdicts: 1 SAME, 1 SLOWER" in capsys.readouterr().out
     assert main(["compare", *paths, "--fail-on", "broken"]) == 0
 
 
 def test_fail_on_broken_exits_1_when_a_point_that_was_ok_failed(tmp_path, capsys):
-    import numpy as np
-
-    from microbench.results import ResultWriter
-    from microbench.stats import summarize
-
-    rng = np.random.default_rng(3)
-    paths = []
-    for name, status in (("a", "OK"), ("b", "FAILED")):
-        w = ResultWriter(str(tmp_path / name), {"device": "cpu"}, {"git": {}, "host": {}})
-        s = list(1e-4 * rng.lognormal(0, 0.02, 300))
-        rec = {"case": "c", "axes": {"n": 1}, "variant": "v", "status": status, "reason": None}
-        if status == "OK":
-            rec["timing"] = {"samples_s": s, "summary": summarize(s).to_dict(), "mode": "hot"}
-        else:
-            rec["reason"] = "incorrect: out (8,) float32: 3/8 elements off"
-        w.add([rec])
-        paths.append(w.close(complete=True))
+    failed = {"case": "c", "axes": {"n": 1}, "variant": "v", "status": "FAILED",
+              "reason": "incorrect: out (8,) float32: 3/8 elements off"}
+    paths = [_result_file(tmp_path / "a", [_timed(np.random.default_rng(3))]), _result_file(tmp_path / "b", [failed])]
     assert main(["compare", *paths, "--fail-on", "slower"]) == 0  # a broken point is not a slower one
     assert main(["compare", *paths, "--fail-on", "slower", "--fail-on", "broken"]) == 1
     assert "BROKEN" in capsys.readouterr().out
@@ -190,20 +170,8 @@ def test_fail_on_broken_exits_1_when_a_point_that_was_ok_failed(tmp_path, capsys
 def test_compare_filters_keep_the_base_side_of_a_mapped_variant(tmp_path, capsys):
     """``--map-variant old=new --variant new``: the base's `old` is what `new` is compared
     with, so the filter keeps it there (and only there)."""
-    import numpy as np
-
-    from microbench.results import ResultWriter
-    from microbench.stats import summarize
-
     rng = np.random.default_rng(1)
-    paths = []
-    for name in ("a", "b"):
-        w = ResultWriter(str(tmp_path / name), {"device": "cpu"}, {"git": {}, "host": {}})
-        for v in ("old", "new"):
-            s = list(1e-4 * rng.lognormal(0, 0.02, 200))
-            w.add([{"case": "c", "axes": {"n": 1}, "variant": v, "status": "OK",
-                    "timing": {"samples_s": s, "summary": summarize(s).to_dict(), "mode": "hot"}}])
-        paths.append(w.close(complete=True))
+    paths = [_result_file(tmp_path / name, [_timed(rng, v, n=200) for v in ("old", "new")]) for name in ("a", "b")]
     assert main(["compare", *paths, "--map-variant", "old=new", "--variant", "new"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^c\s+n=1\s+old->new\s", out, re.M), out
@@ -218,15 +186,8 @@ def test_compare_filters_keep_the_base_side_of_a_mapped_variant(tmp_path, capsys
 def test_files_with_nothing_to_compare_or_report_say_so(tmp_path, capsys):
     """Two files with no point in common compare nothing: an error, so that a gate on
     `--fail-on slower` cannot pass on them; a run that finished no point says so."""
-    from microbench.results import ResultWriter
-
-    paths = []
-    for case in ("a", "b"):
-        w = ResultWriter(str(tmp_path / case), {"device": "cpu"}, {"git": {}, "host": {}})
-        w.add([{"case": case, "axes": {"n": 1}, "variant": "v", "status": "OK",
-                "timing": {"samples_s": [1e-4, 2e-4], "summary": {"median": 1.5e-4, "count": 2, "rel_noise": 0.1},
-                           "mode": "hot"}}])
-        paths.append(w.close(complete=True))
+    rng = np.random.default_rng(4)
+    paths = [_result_file(tmp_path / case, [_timed(rng, case=case, n=2)]) for case in ("a", "b")]
     assert main(["compare", *paths, "--fail-on", "slower"]) == 2
     assert "no point (case, axes, variant) is in both" in capsys.readouterr().err
     empty = ResultWriter(str(tmp_path / "empty"), {"device": "cpu"}, {"git": {}, "host": {}})

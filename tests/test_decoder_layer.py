@@ -135,7 +135,8 @@ def test_the_model_sets_a_measured_layer_beside_its_prediction():
     from microbench.budget_table import render
     from microbench.hardware import load_profile
     from microbench.measured import Measured
-    from microbench.models import ParallelLayout, load_model
+    from microbench.layout import ParallelLayout
+    from microbench.models import load_model
 
     def rec(capture, phase, median):
         return {"case": "layer.decoder", "variant": "server", "status": "OK", "facts": {"layers": 2},

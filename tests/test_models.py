@@ -1,36 +1,17 @@
-"""Model configs, per-rank shapes and hardware profiles: shipped data parses to the
-published shapes, and every malformed config is refused with a message naming the key."""
+"""Model configs and per-rank shapes: shipped configs parse to the published shapes, and
+every malformed config is refused with a message naming the key."""
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 
 import pytest
 
-import microbench.hardware as hardware_mod
-from microbench.hardware import (
-    Figure,
-    HardwareProfile,
-    list_profiles,
-    load_profile,
-    profile_for_device_name,
-)
-from microbench.models import (
-    ConfigError,
-    ModelConfig,
-    ParallelLayout,
-    cases_dir,
-    list_models,
-    load_model,
-    rank_shapes,
-)
+from microbench.layout import ParallelLayout, rank_shapes
+from microbench.models import ConfigError, ModelConfig, list_models, load_model
 
-
-def _raw(kind: str, name: str) -> dict:
-    with open(os.path.join(cases_dir(kind), f"{name}.json"), encoding="utf-8") as f:
-        return json.load(f)
+from .helpers import shipped_json
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +53,7 @@ def test_shipped_config_fields(name: str, expected: dict) -> None:
 
 def test_moe_layer_freq_follows_the_hf_rule() -> None:
     # HF DeepseekV3: layer i routes when i >= first_k_dense_replace and i % moe_layer_freq == 0
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["text_config"].update(num_hidden_layers=62, first_k_dense_replace=1, moe_layer_freq=2)
     model = ModelConfig.from_hf(raw, name="k")
     assert model.moe_layer_freq == 2
@@ -80,7 +61,7 @@ def test_moe_layer_freq_follows_the_hf_rule() -> None:
 
 
 def test_no_shared_experts_and_no_dense_layers() -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["text_config"].update(n_shared_experts=0, first_k_dense_replace=0)
     model = ModelConfig.from_hf(raw, name="k")
     assert (model.n_shared_experts, model.n_dense_layers, model.n_moe_layers) == (0, 0, 61)
@@ -105,7 +86,7 @@ def test_deepseek_quantization_is_fp8_block(deepseek: ModelConfig) -> None:
 
 
 def test_no_quantization_config_means_bf16() -> None:
-    raw = _raw("models", "deepseek-v3")
+    raw = shipped_json("models", "deepseek-v3")
     del raw["quantization_config"]
     q = ModelConfig.from_hf(raw, name="plain").quant
     assert (q.routed_experts, q.other, q.group_size) == ("bf16", "bf16", None)
@@ -113,7 +94,7 @@ def test_no_quantization_config_means_bf16() -> None:
 
 def test_ignored_experts_stay_bf16() -> None:
     # The ignore list decides: ignoring every MLP makes the routed experts unquantised.
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["quantization_config"]["ignore"].append("re:.*mlp.*")
     assert ModelConfig.from_hf(raw, name="k").quant.routed_experts == "bf16"
 
@@ -124,7 +105,7 @@ def test_ignored_experts_stay_bf16() -> None:
     (r"re:.*layers\.0\..*", "int4"),  # the dense layer 0 left unquantised says nothing of the experts
 ])
 def test_ignore_entries_match_whole_components_of_the_first_moe_layer(entry: str, routed: str) -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["quantization_config"]["ignore"].append(entry)
     assert ModelConfig.from_hf(raw, name="k").quant.routed_experts == routed
 
@@ -132,7 +113,7 @@ def test_ignore_entries_match_whole_components_of_the_first_moe_layer(entry: str
 def test_compressed_tensors_fp8_blocks_and_quantised_attention() -> None:
     # every Linear but lm_head in FP8 128x128 blocks: experts and attention alike; the
     # group_size a block scheme carries along is not a scale group
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     qc = raw["quantization_config"]
     qc["config_groups"]["group_0"]["weights"].update(num_bits=8, type="float", strategy="block",
                                                      block_structure=[128, 128])
@@ -142,7 +123,7 @@ def test_compressed_tensors_fp8_blocks_and_quantised_attention() -> None:
 
 
 def test_flat_form_and_nested_quantization_config() -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     flat = dict(raw["text_config"], quantization_config=raw["quantization_config"])
     model = ModelConfig.from_hf(flat, name="flat")
     assert model.num_attention_heads == 64 and model.quant.routed_experts == "int4"
@@ -153,7 +134,7 @@ def test_flat_form_and_nested_quantization_config() -> None:
 
 
 def test_q_lora_rank_null_accepted() -> None:
-    raw = _raw("models", "deepseek-v3")
+    raw = shipped_json("models", "deepseek-v3")
     raw["q_lora_rank"] = None
     model = ModelConfig.from_hf(raw, name="no-q-lora")
     assert model.q_lora_rank is None
@@ -162,7 +143,7 @@ def test_q_lora_rank_null_accepted() -> None:
 
 def test_from_path_names_by_stem(tmp_path) -> None:
     path = tmp_path / "my-model.json"
-    path.write_text(json.dumps(_raw("models", "deepseek-v3")))
+    path.write_text(json.dumps(shipped_json("models", "deepseek-v3")))
     assert ModelConfig.from_hf(path).name == "my-model"
     assert load_model(str(path)).num_attention_heads == 128
     folder = tmp_path / "SomeModel"
@@ -176,14 +157,14 @@ def test_from_path_names_by_stem(tmp_path) -> None:
 # --------------------------------------------------------------------------------------
 
 def test_missing_key_named() -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     del raw["text_config"]["kv_lora_rank"]
     with pytest.raises(ConfigError, match=r"^kimi-k2\.5\.json: missing key 'kv_lora_rank'$"):
         ModelConfig.from_hf(raw, name="kimi-k2.5.json")
 
 
 def test_missing_key_in_file_names_file(tmp_path) -> None:
-    raw = _raw("models", "deepseek-v3")
+    raw = shipped_json("models", "deepseek-v3")
     del raw["moe_intermediate_size"]
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(raw))
@@ -193,7 +174,7 @@ def test_missing_key_in_file_names_file(tmp_path) -> None:
 
 def test_q_lora_rank_may_be_null_but_not_missing() -> None:
     # null: a direct query projection; absent: a key the config lost, named like any other
-    raw = _raw("models", "deepseek-v3")
+    raw = shipped_json("models", "deepseek-v3")
     del raw["q_lora_rank"]
     with pytest.raises(ConfigError, match=r"^d: missing key 'q_lora_rank'$"):
         ModelConfig.from_hf(raw, name="d")
@@ -220,18 +201,18 @@ def test_text_config_must_be_an_object() -> None:
     ("n_group", 5, r"n_group=5 does not divide n_routed_experts=384"),
 ])
 def test_bad_values_named(key: str, value, pattern: str) -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["text_config"][key] = value
     with pytest.raises(ConfigError, match=pattern):
         ModelConfig.from_hf(raw, name="kimi-k2.5.json")
 
 
 def test_unsupported_quantization_named() -> None:
-    raw = _raw("models", "deepseek-v3")
+    raw = shipped_json("models", "deepseek-v3")
     raw["quantization_config"] = {"quant_method": "awq"}
     with pytest.raises(ConfigError, match=r"quant_method 'awq' is not supported"):
         ModelConfig.from_hf(raw, name="d")
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 3
     with pytest.raises(ConfigError, match=r"num_bits=3"):
         ModelConfig.from_hf(raw, name="k")
@@ -284,14 +265,14 @@ def test_tp_not_dividing_heads(kimi: ModelConfig) -> None:
 
 
 def test_tp_not_dividing_vocab() -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["text_config"]["vocab_size"] = 163841
     with pytest.raises(ConfigError, match=r"^tp=8 does not divide vocab_size=163841$"):
         rank_shapes(ModelConfig.from_hf(raw, name="k"), ParallelLayout(tp=8))
 
 
 def test_shared_experts_are_tp_sharded_together() -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["text_config"]["n_shared_experts"] = 2
     model = ModelConfig.from_hf(raw, name="k")
     for ep in (1, 8):  # 2 x 2048 / 8, whether the routed experts are TP-sharded or EP-distributed
@@ -310,7 +291,7 @@ def test_ep_must_be_one_or_tp(kimi: ModelConfig) -> None:
 
 def test_tp_must_keep_whole_scale_groups(kimi: ModelConfig) -> None:
     # 2048 / 128 = 16 rows per rank: half an INT4 group of 32 per rank.
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["text_config"].update(num_attention_heads=128, vocab_size=163840)
     wide = ModelConfig.from_hf(raw, name="wide")
     with pytest.raises(ConfigError,
@@ -320,7 +301,7 @@ def test_tp_must_keep_whole_scale_groups(kimi: ModelConfig) -> None:
 
 def test_tp_must_keep_whole_fp8_blocks_along_k() -> None:
     # weight_block_size is [N, K]: the down projection's K, 2048 / 32 = 64 per rank, is half a block
-    raw = _raw("models", "deepseek-v3")
+    raw = shipped_json("models", "deepseek-v3")
     raw["quantization_config"]["weight_block_size"] = [64, 128]
     model = ModelConfig.from_hf(raw, name="d")
     assert model.quant.weight_block == (64, 128)
@@ -336,13 +317,13 @@ def test_fp8_blocks_are_whole_along_n_too_and_in_the_shared_expert_and_dense_mlp
     with pytest.raises(ConfigError, match=r"^shared_intermediate_per_rank=64 is not a multiple of the fp8 "
                                           r"scale group of 128 \(tp=32\)$"):
         rank_shapes(deepseek, ParallelLayout(tp=32, ep=32))
-    raw = _raw("models", "deepseek-v3")
+    raw = shipped_json("models", "deepseek-v3")
     raw["n_shared_experts"] = 2  # 4096 / 32: whole blocks; the dense MLP's 576 is not
     with pytest.raises(ConfigError, match=r"^dense_intermediate_per_rank=576 is not a multiple"):
         rank_shapes(ModelConfig.from_hf(raw, name="d"), ParallelLayout(tp=32, ep=32))
     # the gate/up projection's N is the per-rank intermediate as well: 2048 / 8 = 256 is
     # whole 128-wide K blocks but not whole 512-tall N blocks
-    raw = _raw("models", "deepseek-v3")
+    raw = shipped_json("models", "deepseek-v3")
     raw["quantization_config"]["weight_block_size"] = [512, 128]
     with pytest.raises(ConfigError, match=r"^moe_intermediate_per_rank=256 is not a multiple of the fp8 scale "
                                           r"group of 512 \(tp=8\)$"):
@@ -352,7 +333,7 @@ def test_fp8_blocks_are_whole_along_n_too_and_in_the_shared_expert_and_dense_mlp
 
 @pytest.mark.parametrize("block", [[128], ["a", "b"], [128, 0], "128x128"])
 def test_a_bad_block_structure_is_named(block) -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["quantization_config"]["config_groups"]["group_0"]["weights"].update(
         num_bits=8, type="float", strategy="block", block_structure=block)
     with pytest.raises(ConfigError, match=r"^k: key 'block_structure' must be two positive integers"):
@@ -361,7 +342,7 @@ def test_a_bad_block_structure_is_named(block) -> None:
 
 @pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
 def test_an_unsupported_dtype_names_the_key_the_config_uses(key: str) -> None:
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["text_config"].pop("torch_dtype", None)
     raw["text_config"].pop("dtype", None)
     raw["text_config"][key] = "int8"
@@ -372,7 +353,7 @@ def test_an_unsupported_dtype_names_the_key_the_config_uses(key: str) -> None:
 @pytest.mark.parametrize("ignored, routed", [(1, "int4"), (2, "bf16")])
 def test_the_experts_scheme_is_read_at_the_first_routed_layer(ignored: int, routed: str) -> None:
     # first_k_dense_replace 1 and moe_layer_freq 2: layer 1 is dense, layer 2 the first routed one
-    raw = _raw("models", "kimi-k2.5")
+    raw = shipped_json("models", "kimi-k2.5")
     raw["text_config"].update(moe_layer_freq=2)
     raw["quantization_config"]["ignore"].append(rf"re:.*layers\.{ignored}\.mlp\..*")
     assert ModelConfig.from_hf(raw, name="k").quant.routed_experts == routed
@@ -382,126 +363,3 @@ def test_the_experts_scheme_is_read_at_the_first_routed_layer(ignored: int, rout
 def test_layout_rejects_non_positive(tp, ep) -> None:
     with pytest.raises(ConfigError, match=r"ParallelLayout: (tp|ep) must be a positive integer"):
         ParallelLayout(tp=tp, ep=ep)
-
-
-# --------------------------------------------------------------------------------------
-# Hardware profiles
-# --------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name", ["h100-pcie", "h100-sxm", "h200-sxm", "rtx-pro-6000-blackwell"])
-def test_profiles_load_with_sources(name: str) -> None:
-    p = load_profile(name)
-    assert isinstance(p, HardwareProfile) and p.name == name and p.match
-    figures = p.figures()
-    for key in ("memory_bandwidth", "bf16_dense_flops", "fp8_dense_flops", "l2_bytes", "sm_count",
-                "memory_bytes", "launch_overhead", "interconnect.bandwidth_per_direction", "interconnect.latency"):
-        assert isinstance(figures[key], Figure), key
-    for key, fig in figures.items():
-        assert fig.value > 0 and fig.source.strip(), key
-
-
-def test_profile_figures() -> None:
-    h200, rtx = load_profile("h200-sxm"), load_profile("rtx-pro-6000-blackwell")
-    assert h200.memory_bandwidth.value == 4.8e12 and h200.memory_bandwidth.unit == "B/s"
-    assert h200.bf16_dense_flops.value == 989e12 and h200.sm_count.value == 132
-    assert h200.l2_bytes.value == 62914560 and h200.interconnect["kind"] == "nvlink"
-    assert h200.interconnect["bandwidth_per_direction"].value == 450e9
-    assert h200.measured["copy_bandwidth"].value == 4.3e12
-    assert rtx.interconnect["kind"] == "pcie" and rtx.sm_count.value == 188
-    assert rtx.peak_flops("fp8").value == 1007.6e12 and rtx.peak_flops("int4") is rtx.bf16_dense_flops
-    assert list_profiles() == ["h100-pcie", "h100-sxm", "h200-sxm", "rtx-pro-6000-blackwell"]
-    h100 = load_profile("h100")  # the same SM as the H200's, less and slower memory, a smaller L2
-    assert h100.name == "h100-sxm" and h100.aliases == ("h100",)
-    assert h100.sm == h200.sm and h100.sm_count.value == h200.sm_count.value
-    assert h100.memory_bandwidth.value == 3.35e12 and h100.l2_bytes.value == 50 * 2**20
-    assert h100.memory_bytes.value == 80e9 and h100.measured == {}
-    pcie = load_profile("h100-pcie")  # the same die cut to 114 SMs, HBM2e, no NVLink across 8 GPUs
-    assert pcie.sm == h100.sm and pcie.sm_count.value == 114 and pcie.l2_bytes.value == h100.l2_bytes.value
-    assert pcie.memory_bandwidth.value == 2.0e12 and pcie.bf16_dense_flops.value == 756.5e12
-    assert pcie.peak_flops("fp8").value == 1513e12 and pcie.interconnect["kind"] == "pcie"
-
-
-@pytest.mark.parametrize("key, name", [("h100", "h100-sxm"), ("h200", "h200-sxm"), ("h100-p", "h100-pcie"),
-                                       ("h100-s", "h100-sxm"), ("rtx-pro-6000", "rtx-pro-6000-blackwell")])
-def test_profile_by_alias_or_unique_prefix(key: str, name: str) -> None:
-    assert load_profile(key).name == name
-
-
-@pytest.mark.parametrize("key, names", [("h1", "h100-pcie, h100-sxm"), ("h", "h100-pcie, h100-sxm, h200-sxm")])
-def test_ambiguous_profile_prefix_lists_the_candidates(key: str, names: str) -> None:
-    with pytest.raises(ConfigError, match=rf"hardware profile '{key}' is ambiguous: {names} all begin with it"):
-        load_profile(key)
-
-
-def test_profile_alias_must_name_one_profile(tmp_path, monkeypatch) -> None:
-    folder = tmp_path / "hardware"
-    folder.mkdir()
-    for name, aliases in [("h200-sxm", ["h200"]), ("h200-nvl", ["h200"])]:
-        raw = _raw("hardware", "h200-sxm")
-        raw.update(name=name, aliases=aliases)
-        (folder / f"{name}.json").write_text(json.dumps(raw))
-    monkeypatch.setattr(hardware_mod, "_shipped", lambda kind: {p.stem: str(p) for p in sorted(folder.glob("*.json"))})
-    with pytest.raises(ConfigError, match=r"hardware profiles h200-nvl and h200-sxm both answer to 'h200'"):
-        load_profile("h200")
-    raw["aliases"] = ["h200-sxm"]  # an alias may not shadow another profile's name either
-    (folder / "h200-nvl.json").write_text(json.dumps(raw))
-    with pytest.raises(ConfigError, match=r"hardware profiles h200-sxm and h200-nvl both answer to 'h200-sxm'"):
-        load_profile("h200-nvl")
-    raw["aliases"] = []
-    (folder / "h200-nvl.json").write_text(json.dumps(raw))
-    assert load_profile("h200").name == "h200-sxm" and load_profile("h200-n").name == "h200-nvl"
-
-
-def test_profile_for_device_name() -> None:
-    assert profile_for_device_name("NVIDIA H200").name == "h200-sxm"
-    assert profile_for_device_name("NVIDIA H100 80GB HBM3").name == "h100-sxm"  # torch's name for the SXM part
-    assert profile_for_device_name("NVIDIA H100 PCIe").name == "h100-pcie"  # 2 TB/s HBM2e: not the SXM figures
-    assert profile_for_device_name("NVIDIA H100 NVL") is None  # a third H100 part: no shipped figures
-    assert profile_for_device_name("NVIDIA RTX PRO 6000 Blackwell Server Edition").name == "rtx-pro-6000-blackwell"
-    assert profile_for_device_name("NVIDIA A100-SXM4-80GB") is None
-
-
-def _write(tmp_path, data: dict):
-    path = tmp_path / "edited.json"
-    path.write_text(json.dumps(data))
-    return str(path)
-
-
-def test_profile_missing_figure_named(tmp_path) -> None:
-    raw = _raw("hardware", "h200-sxm")
-    del raw["figures"]["memory_bandwidth"]
-    with pytest.raises(ConfigError, match=r"edited\.json: missing figure 'memory_bandwidth'"):
-        load_profile(_write(tmp_path, raw))
-    raw = _raw("hardware", "h200-sxm")
-    del raw["interconnect"]["latency"]
-    with pytest.raises(ConfigError, match=r"missing figure 'interconnect\.latency'"):
-        load_profile(_write(tmp_path, raw))
-
-
-def test_profile_optional_figure_may_be_absent(tmp_path) -> None:
-    raw = _raw("hardware", "h200-sxm")
-    del raw["figures"]["fp8_dense_flops"]
-    assert load_profile(_write(tmp_path, raw)).fp8_dense_flops is None
-
-
-@pytest.mark.parametrize("edit, pattern", [
-    (lambda r: r["figures"]["memory_bandwidth"].update(unit="GB/s"), r"'memory_bandwidth' unit must be B/s"),
-    (lambda r: r["figures"]["sm_count"].update(source=" "), r"'sm_count' needs a non-empty source"),
-    (lambda r: r["figures"]["l2_bytes"].update(value=-1), r"'l2_bytes' value must be a positive number"),
-    (lambda r: r["figures"].update(hbm_bw={}), r"unknown figure 'hbm_bw'"),
-    (lambda r: r["interconnect"].update(kind="infiniband"), r"interconnect kind must be one of"),
-    (lambda r: r.update(match=[]), r"'match' must be a non-empty list"),
-    (lambda r: r.update(aliases="h200"), r"'aliases' must be a list of short lowercase names"),
-    (lambda r: r.update(aliases=["H200"]), r"'aliases' must be a list of short lowercase names"),
-])
-def test_profile_bad_values_named(tmp_path, edit, pattern: str) -> None:
-    raw = _raw("hardware", "h200-sxm")
-    edit(raw)
-    with pytest.raises(ConfigError, match=pattern):
-        load_profile(_write(tmp_path, raw))
-
-
-def test_unknown_profile_lists_shipped_names() -> None:
-    with pytest.raises(ConfigError, match=r"unknown hardware profile 'tpu'; shipped profiles: h100-pcie, "
-                       r"h100-sxm \(alias h100\), h200-sxm \(alias h200\), rtx-pro-6000-blackwell \(or pass"):
-        load_profile("tpu")

@@ -1,4 +1,4 @@
-"""Fused MoE experts: both kernels against the reference, bad input, segments.
+"""Fused MoE experts: both kernels against the reference, and segments.
 
 What is checked against what:
 
@@ -7,12 +7,11 @@ What is checked against what:
   counts, experts with no tokens, one expert chosen by every token, all choices of every
   token on one expert (a segment longer than the few-token tile), top_k == E, more than
   16 tokens (several row blocks), routing from the real router, ``out=`` in place.
-- Bad input to both launchers and to ``prepare_weights``: ``ValueError`` naming the
-  argument, before anything is launched.
 - ``expert_segments`` against ``align_ref`` at block size 1.
 
 The INT4 layout and the reference itself are checked in tests/test_moe_reference.py, the
-tuning table, configurations and cost in tests/test_moe_tuning.py.
+tuning table, configurations and cost in tests/test_moe_tuning.py, bad input to both
+launchers and to ``prepare_weights`` in tests/test_moe_args.py.
 
 Inputs are seeded.  On CPU the kernels run under Triton's interpreter (tests/conftest.py)
 in fp16, and in bf16 (the model's dtype) with the interpreter's bf16 ``tl.dot`` made to
@@ -23,29 +22,19 @@ shapes run on a CUDA device only.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from functools import lru_cache
 
 import pytest
 import torch
 
-from microbench.kernels import moe_few_token, moe_fused
-from microbench.kernels.moe_common import (
-    ExpertWeights,
-    GemmConfig,
-    prepare_weights,
-)
+from microbench.kernels.moe_common import GemmConfig, prepare_weights
 from microbench.kernels.moe_few_token import few_token_moe
 from microbench.kernels.moe_fused import fused_moe
-from microbench.kernels.moe_reference import (
-    align_ref,
-    fused_moe_ref,
-    pack_int4,
-)
+from microbench.kernels.moe_reference import align_ref, fused_moe_ref, pack_int4
 from microbench.kernels.moe_routing import expert_segments, route
 
-from .moe_helpers import DEVICE, dense_weights, routing
+from .moe_helpers import DEVICE, hidden_states, moe_checkpoint, routing
 
 CUDA = torch.cuda.is_available()
 FP16_TOL = 1e-2  # relative to the output's magnitude (~1): fp16 intermediates round at ~5e-4
@@ -56,28 +45,9 @@ FP16_TOL = 1e-2  # relative to the output's magnitude (~1): fp16 intermediates r
 # --------------------------------------------------------------------------------------
 
 
-def _checkpoint(kind: str, E: int, H: int, I: int, seed: int, dtype=torch.float16, group_size: int = 32):
-    """(reference kwargs, ExpertWeights) holding the same numbers: dense weights of
-    ``dtype``, or INT4 words with their scales cast to ``dtype`` (the reference is fed
-    those cast scales, so both dequantise identically)."""
-    w13, w2 = dense_weights(E, H, I, seed)
-    if kind == "dense":
-        ck = {"w13": w13.to(DEVICE, dtype), "w2": w2.to(DEVICE, dtype)}
-    else:
-        (q13, s13), (q2, s2) = pack_int4(w13, group_size), pack_int4(w2, group_size)
-        ck = {"w13": q13.to(DEVICE), "w2": q2.to(DEVICE), "w13_scales": s13.to(DEVICE, dtype),
-              "w2_scales": s2.to(DEVICE, dtype)}
-    W = prepare_weights(ck["w13"], ck["w2"], w13_scales=ck.get("w13_scales"), w2_scales=ck.get("w2_scales"))
-    return ck, W
-
-
 def _reference(x, ck, tw, ids):
     return fused_moe_ref(x, ck["w13"], ck["w2"], tw, ids, w13_scales=ck.get("w13_scales"),
                          w2_scales=ck.get("w2_scales"))
-
-
-def _hidden(T: int, H: int, seed: int, dtype=torch.float16) -> torch.Tensor:
-    return torch.randn(T, H, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
 
 
 def _assert_matches_ref(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, tol: float) -> None:
@@ -145,8 +115,8 @@ KERNEL_CASES = [
 @pytest.mark.parametrize(("kind", "tol"), KINDS)
 @pytest.mark.parametrize(("T", "E", "k", "pattern", "H", "I", "kernel", "cfg"), KERNEL_CASES)
 def test_kernel_matches_reference(T, E, k, pattern, H, I, kernel, cfg, kind, tol):
-    ck, W = _checkpoint(kind, E, H, I, seed=T + 100 * E, group_size=_group_for(I))
-    x = _hidden(T, H, seed=T)
+    ck, W = moe_checkpoint(kind, E, H, I, seed=T + 100 * E, group_size=_group_for(I))
+    x = hidden_states(T, H, seed=T)
     tw, ids = routing(pattern, T, E, k, seed=7 * T + E)
     want = _reference(x, ck, tw, ids)
     got = _launch(kernel, cfg, x, W, tw, ids)
@@ -166,8 +136,8 @@ BF16_CASES = [  # each kernel's first configuration (the few-token INT4 one unpa
 def test_kernel_matches_reference_in_bf16(T, E, k, pattern, H, I, kernel, cfg, kind):
     """The model's dtype: bf16 activations with bf16 weights, or with INT4 words and bf16
     scales (on CPU, the interpreter's bf16 dot computes as a tensor core does)."""
-    ck, W = _checkpoint(kind, E, H, I, seed=T + 100 * E + 2, dtype=torch.bfloat16, group_size=_group_for(I))
-    x = _hidden(T, H, seed=T + 2, dtype=torch.bfloat16)
+    ck, W = moe_checkpoint(kind, E, H, I, seed=T + 100 * E + 2, dtype=torch.bfloat16, group_size=_group_for(I))
+    x = hidden_states(T, H, seed=T + 2, dtype=torch.bfloat16)
     tw, ids = routing(pattern, T, E, k, seed=7 * T + E + 2)
     want = _reference(x, ck, tw, ids)
     if kind == "int4" and kernel == "few_token":
@@ -189,8 +159,8 @@ UNPACK_CONFIGS = [  # the few-token kernel reading each INT4 word once (GemmConf
 @pytest.mark.parametrize("cfg", UNPACK_CONFIGS)
 @pytest.mark.parametrize(("T", "E", "k", "pattern", "H", "I"), CASES)
 def test_few_token_int4_unpacked_once_matches_reference(T, E, k, pattern, H, I, cfg):
-    ck, W = _checkpoint("int4", E, H, I, seed=T + 100 * E + 1, group_size=_group_for(I))
-    x = _hidden(T, H, seed=T + 1)
+    ck, W = moe_checkpoint("int4", E, H, I, seed=T + 100 * E + 1, group_size=_group_for(I))
+    x = hidden_states(T, H, seed=T + 1)
     tw, ids = routing(pattern, T, E, k, seed=7 * T + E + 1)
     _assert_matches_ref(_launch("few_token", cfg, x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
 
@@ -201,8 +171,8 @@ def test_kernels_mask_a_partial_last_n_tile(kernel, kind):
     """H = 40 and I = 24 with 16-wide N tiles: the last tile of w2's output (both kernels)
     and of the few-token kernel's w13 half is partial; nothing may spill past a row."""
     T, E, H, I, k = 5, 6, 40, 24, 2
-    ck, W = _checkpoint(kind, E, H, I, seed=51, group_size=8)
-    x = _hidden(T, H, seed=52)
+    ck, W = moe_checkpoint(kind, E, H, I, seed=51, group_size=8)
+    x = hidden_states(T, H, seed=52)
     tw, ids = routing("distinct", T, E, k, seed=53)
     cfg = FUSED_CONFIGS[0].values[0] if kernel == "fused" else FEW_CONFIGS[0].values[0]
     _assert_matches_ref(_launch(kernel, cfg, x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
@@ -216,8 +186,8 @@ def test_kernels_mask_a_partial_last_n_tile(kernel, kind):
 def test_int4_groups_longer_than_the_k_step(kernel, cfg):
     """Group size 64 over K steps of 16 and 32: several tiles read one row of scales."""
     T, E, H, I, k = 3, 4, 128, 64, 2
-    ck, W = _checkpoint("int4", E, H, I, seed=61, group_size=64)
-    x = _hidden(T, H, seed=62)
+    ck, W = moe_checkpoint("int4", E, H, I, seed=61, group_size=64)
+    x = hidden_states(T, H, seed=62)
     tw, ids = routing("distinct", T, E, k, seed=63)
     _assert_matches_ref(_launch(kernel, cfg, x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
 
@@ -249,11 +219,11 @@ def test_unpack_once_is_searched_for_int4_and_refused_for_odd_groups():
     assert not any(c.unpack for c in search_space("fused", "w13+w2", "int4", 512, 7168, 4))
     with pytest.raises(ValueError, match="unpack"):
         GemmConfig(block_n=16, block_k=16, unpack=2)
-    ck, W = _checkpoint("int4", 4, 48, 48, seed=3, group_size=24)
+    ck, W = moe_checkpoint("int4", 4, 48, 48, seed=3, group_size=24)
     tw, ids = routing("distinct", 1, 4, 2, seed=3)
     cfg = GemmConfig(block_n=16, block_k=16, unpack=1)
     with pytest.raises(ValueError, match="config_w13: unpack=1 needs a power-of-two INT4 group"):
-        few_token_moe(_hidden(1, 48, 3), W, tw, ids, config_w13=cfg, config_w2=cfg)
+        few_token_moe(hidden_states(1, 48, 3), W, tw, ids, config_w13=cfg, config_w2=cfg)
 
 
 @pytest.mark.parametrize(("kind", "tol"), KINDS)
@@ -261,7 +231,7 @@ def test_unpack_once_is_searched_for_int4_and_refused_for_odd_groups():
 def test_kernel_with_real_router(kernel, kind, tol):
     """Routing from moe_routing.route (grouped top-k with a correction bias)."""
     T, E, H, I, k = 7, 8, 64, 32, 3
-    ck, W = _checkpoint(kind, E, H, I, seed=21)
+    ck, W = moe_checkpoint(kind, E, H, I, seed=21)
     g = torch.Generator().manual_seed(22)
     x = torch.randn(T, H, generator=g).to(DEVICE, torch.float16)
     gate = (torch.randn(E, H, generator=g) / math.sqrt(H)).to(DEVICE, torch.float16)
@@ -276,8 +246,8 @@ def test_kernel_with_real_router(kernel, kind, tol):
 @pytest.mark.parametrize(("kernel", "cfg"), [KERNEL_CONFIGS[0], KERNEL_CONFIGS[2]])
 def test_kernel_writes_out_in_place(kernel, cfg):
     T, E, H, I, k = 5, 6, 64, 32, 2
-    ck, W = _checkpoint("dense", E, H, I, seed=31)
-    x = _hidden(T, H, seed=32)
+    ck, W = moe_checkpoint("dense", E, H, I, seed=31)
+    x = hidden_states(T, H, seed=32)
     tw, ids = routing("distinct", T, E, k, seed=33)
     out = torch.full_like(x, float("nan"))
     ptr = out.data_ptr()
@@ -289,7 +259,7 @@ def test_kernel_writes_out_in_place(kernel, cfg):
 
 @pytest.mark.parametrize("kernel", ["fused", "few_token"])
 def test_kernel_no_tokens(kernel):
-    _, W = _checkpoint("dense", 4, 64, 32, seed=0)
+    _, W = moe_checkpoint("dense", 4, 64, 32, seed=0)
     x = torch.empty(0, 64, dtype=torch.float16, device=DEVICE)
     tw, ids = torch.empty(0, 2, device=DEVICE), torch.empty(0, 2, dtype=torch.int32, device=DEVICE)
     got = fused_moe(x, W, tw, ids) if kernel == "fused" else few_token_moe(x, W, tw, ids)
@@ -301,120 +271,11 @@ def test_kernel_default_config(kernel):
     """config=None takes default_config (block_k 128/64 > H here: masked K tiles)."""
     T, E, H, I, k = 3, 6, 64, 32, 2
     for kind in ("dense", "int4"):
-        ck, W = _checkpoint(kind, E, H, I, seed=41)
-        x = _hidden(T, H, seed=42)
+        ck, W = moe_checkpoint(kind, E, H, I, seed=41)
+        x = hidden_states(T, H, seed=42)
         tw, ids = routing("distinct", T, E, k, seed=43)
         got = fused_moe(x, W, tw, ids) if kernel == "fused" else few_token_moe(x, W, tw, ids)
         _assert_matches_ref(got, _reference(x, ck, tw, ids), x, FP16_TOL)
-
-
-# --------------------------------------------------------------------------------------
-# Bad input: ValueError naming the argument, before any launch
-# --------------------------------------------------------------------------------------
-
-
-def _bad_call_cases():
-    T, E, H, k = 3, 4, 64, 2
-    x = _hidden(T, H, seed=0)
-    tw, ids = routing("distinct", T, E, k, seed=0)
-    cases = [
-        ("hidden-H", dict(hidden=_hidden(T, H - 16, seed=0)), r"^hidden: "),
-        ("hidden-3d", dict(hidden=x.view(1, T, H)), r"^hidden: "),
-        ("hidden-strided", dict(hidden=x.t().contiguous().t()), r"^hidden: must be contiguous"),
-        ("ids-strided", dict(topk_ids=ids.t().contiguous().t()), r"^topk_ids: must be contiguous"),
-        ("dtype-mismatch", dict(hidden=x.float()), r"^weights: dense dtype"),
-        ("ids-int64", dict(topk_ids=ids.long()), r"^topk_ids: "),
-        ("ids-rows", dict(topk_ids=ids[:2].contiguous()), r"^topk_ids: "),
-        ("weights-shape", dict(topk_weights=tw[:, :1].contiguous()), r"^topk_weights: "),
-        ("weights-fp16", dict(topk_weights=tw.half()), r"^topk_weights: "),
-        ("topk>E", dict(topk_ids=torch.zeros(T, E + 1, dtype=torch.int32, device=DEVICE),
-                        topk_weights=torch.ones(T, E + 1, device=DEVICE)), r"^topk_ids: top_k = 5"),
-        ("id-too-large", dict(topk_ids=torch.where(ids == ids[1, 0], E, ids), check_ids=True),
-         r"^topk_ids: expert ids must lie in 0\.\.3"),
-        ("id-negative", dict(topk_ids=torch.full_like(ids, -2), check_ids=True), r"^topk_ids: expert ids"),
-        ("out-dtype", dict(out=torch.empty(T, H, device=DEVICE)), r"^out: "),
-        ("out-shape", dict(out=torch.empty(T + 1, H, dtype=torch.float16, device=DEVICE)), r"^out: "),
-    ]
-    # every case against dense and INT4 weights, except the dense-dtype rule (INT4 weights
-    # take any activation dtype)
-    return [pytest.param({"hidden": x, "topk_weights": tw, "topk_ids": ids, **over}, pat, kind, id=f"{name}-{kind}")
-            for name, over, pat in cases for kind in ("dense", "int4")
-            if not (kind == "int4" and name == "dtype-mismatch")]
-
-
-@pytest.mark.parametrize("kernel", ["fused", "few_token"])
-@pytest.mark.parametrize(("args", "pattern", "kind"), _bad_call_cases())
-def test_launchers_reject_bad_input(args, pattern, kind, kernel, monkeypatch):
-    _, W = _checkpoint(kind, 4, 64, 32, seed=0)
-
-    def no_launch(*_a, **_k):
-        raise AssertionError("launched before validating")
-
-    monkeypatch.setattr(moe_fused, "align", no_launch)
-    monkeypatch.setattr(moe_few_token, "expert_segments", no_launch)
-    args = dict(args)
-    x, tw, ids = args.pop("hidden"), args.pop("topk_weights"), args.pop("topk_ids")
-    launcher = fused_moe if kernel == "fused" else few_token_moe
-    with pytest.raises(ValueError, match=pattern):
-        launcher(x, W, tw, ids, **args)
-
-
-def test_launchers_reject_a_non_weights_object():
-    x = _hidden(2, 64, seed=0)
-    tw, ids = routing("distinct", 2, 4, 2, seed=0)
-    for launcher in (fused_moe, few_token_moe):
-        with pytest.raises(TypeError, match="weights"):
-            launcher(x, {"w13": None}, tw, ids)
-
-
-def _bad_prepare_cases():
-    E, H, I = 4, 64, 32
-    w13, w2 = dense_weights(E, H, I, seed=1)
-    w13, w2 = w13.half(), w2.half()
-    (q13, s13), (q2, s2) = pack_int4(w13.float()), pack_int4(w2.float())
-    q2_g16, s2_g16 = pack_int4(w2.float(), group_size=16)
-    cases = [
-        ("w2-I", (w13, w2[:, :, :16].contiguous()), {}, r"^w2: shape"),
-        ("w2-H", (w13, w2[:, :32].contiguous()), {}, r"^w2: shape"),
-        ("w2-experts", (w13, w2[:3].contiguous()), {}, r"^w2: 3 experts"),
-        ("w2-dtype", (w13, w2.float()), {}, r"^w2: dtype"),
-        ("w13-odd-rows", (w13[:, :63].contiguous(), w2), {}, r"^w13: 63 output rows"),
-        ("w13-2d", (w13[0], w2), {}, r"^w13: "),
-        ("w13-int-dense", (w13.to(torch.int16), w2), {}, r"^w13: dtype"),
-        ("only-w13-scales", (q13, q2), dict(w13_scales=s13), r"^w13_scales / w2_scales"),
-        ("only-w2-scales", (q13, q2), dict(w2_scales=s2), r"^w13_scales / w2_scales"),
-        ("int4-w13-scales", (q13, q2), dict(w13_scales=s13[:, :32].contiguous(), w2_scales=s2), r"^w13_scales: "),
-        ("int4-w2-packed-K", (q13, q2[:, :, :2].contiguous()), dict(w13_scales=s13, w2_scales=s2),
-         r"^w2: packed shape"),  # 2 words per row hold K = 16, but w13 says I = 32
-        ("int4-w2-H", (q13, q2[:, :56].contiguous()), dict(w13_scales=s13, w2_scales=s2[:, :56].contiguous()),
-         r"^w2: expected \[4, 64, I/8\]"),
-        ("int4-w13-float", (w13, q2), dict(w13_scales=s13, w2_scales=s2), r"^w13: packed INT4"),
-        ("group-mismatch", (q13, q2_g16), dict(w13_scales=s13, w2_scales=s2_g16), r"^w2_scales: group size 16"),
-        # another device than the words' (a CPU-only stand-in for a GPU / CPU mix)
-        ("scales-device", (q13, q2), dict(w13_scales=s13, w2_scales=s2.to("meta")), r"^w2_scales: on meta"),
-    ]
-    return [pytest.param(a, kw, pat, id=name) for name, a, kw, pat in cases]
-
-
-@pytest.mark.parametrize(("args", "kwargs", "pattern"), _bad_prepare_cases())
-def test_prepare_weights_rejects(args, kwargs, pattern):
-    with pytest.raises(ValueError, match=pattern):
-        prepare_weights(*args, **kwargs)
-
-
-def test_prepare_weights_layout():
-    """Dense weights pass through; INT4 words and scales are transposed, bits unchanged."""
-    E, H, I = 3, 64, 32
-    w13, w2 = dense_weights(E, H, I, seed=2)
-    W = prepare_weights(w13.half(), w2.half())
-    assert isinstance(W, ExpertWeights) and W.kind == "bf16" and not W.int4
-    assert (W.num_experts, W.hidden, W.inter) == (E, H, I)
-    (q13, s13), (q2, s2) = pack_int4(w13, 16), pack_int4(w2, 16)
-    W4 = prepare_weights(q13, q2, w13_scales=s13, w2_scales=s2)
-    assert W4.int4 and (W4.num_experts, W4.hidden, W4.inter, W4.group_size) == (E, H, I, 16)
-    assert torch.equal(W4.w13, q13.transpose(1, 2)) and torch.equal(W4.w2, q2.transpose(1, 2))
-    assert torch.equal(W4.s13, s13.transpose(1, 2)) and torch.equal(W4.s2, s2.transpose(1, 2))
-    assert W4.w13.is_contiguous() and W4.s2.is_contiguous()
 
 
 # --------------------------------------------------------------------------------------
@@ -504,8 +365,8 @@ def test_other_ranks_ids_add_nothing_in_both_kernels(kernel):
     (the baseline zeroes their rows with ``remote_ids``; the few-token kernel drops them),
     and pass the host-side id check."""
     T, E, H, I, k = 6, 8, 64, 32, 4
-    ck, W = _checkpoint("dense", E, H, I, seed=3)
-    x = _hidden(T, H, seed=4)
+    ck, W = moe_checkpoint("dense", E, H, I, seed=3)
+    x = hidden_states(T, H, seed=4)
     g = torch.Generator().manual_seed(5)
     gate = (torch.randn(E, H, generator=g) / 8).to(DEVICE, torch.float16)
     tw, ids = route(x, gate, None, top_k=k, n_group=1, topk_group=1, routed_scaling_factor=2.5)

@@ -1,0 +1,74 @@
+"""What the ranks of a world agree on after each step of a variant: one rank's failed gate,
+error or skip reason is every rank's, named by rank; a communication error stops them all."""
+
+from __future__ import annotations
+
+import pytest
+
+from microbench.outcome import agreed_outcome, agreed_reason, error_text, failure, is_dist
+
+
+class _FakeWorld:
+    def __init__(self, size):
+        self.size = size
+
+    def agree(self, tag, payload):
+        return [payload] * self.size
+
+    def fatal(self, message):
+        raise SystemExit(message)
+
+
+def test_a_communication_error_stops_every_rank_but_only_fails_a_world_of_one():
+    outcome = {"error": "NCCL watchdog: collective timed out", "dist": True}
+    with pytest.raises(SystemExit, match="rank 0: NCCL watchdog"):
+        agreed_outcome(_FakeWorld(2), "torch-ip timing", outcome)
+    # one in-process rank cannot fall out of step: the variant fails, the run goes on
+    assert agreed_outcome(_FakeWorld(1), "torch-ip timing", outcome)["error"] == \
+        "every rank: NCCL watchdog: collective timed out"
+
+
+class _RanksWorld(_FakeWorld):
+    """A world whose ranks said ``payloads`` (rank 0 is this one)."""
+
+    def __init__(self, *payloads):
+        super().__init__(len(payloads))
+        self.payloads = list(payloads)
+
+    def agree(self, tag, payload):
+        assert payload == self.payloads[0]
+        return self.payloads
+
+
+def test_a_gate_failing_on_one_rank_fails_every_rank_with_the_wrong_elements_summed():
+    ok = {"error": None, "passed": True, "wrong": 0, "summary": "ok"}
+    bad = {"error": None, "passed": False, "wrong": 3, "summary": "out (8,) float32: 3/8 elements off"}
+    assert agreed_outcome(_RanksWorld(ok, ok), "v gate", ok) == ok
+    assert agreed_outcome(_RanksWorld(ok, bad), "v gate", ok) == {
+        "error": None, "passed": False, "wrong": 3, "summary": "rank 1: out (8,) float32: 3/8 elements off"}
+    both = agreed_outcome(_RanksWorld(bad, bad), "v gate", bad)
+    assert not both["passed"] and both["wrong"] == 6 and both["summary"].startswith("rank 0: out (8,)")
+    # an error on one rank (not the communication layer's) fails the variant on every rank
+    err = {"error": "ValueError: bad shape", "traceback": "tb", "dist": False}
+    out = agreed_outcome(_RanksWorld({"error": None}, err), "v timing", {"error": None})
+    assert out["error"] == "rank 1: ValueError: bad shape" and out["traceback"] == "tb"
+
+
+def test_a_skip_any_rank_has_a_reason_for_skips_every_rank_and_names_the_ranks():
+    assert agreed_reason(None, "v skip", "no fp8") == "no fp8"
+    assert agreed_reason(_RanksWorld(None, None), "v skip", None) is None
+    assert agreed_reason(_RanksWorld("no fp8", "no fp8"), "v skip", "no fp8") == "no fp8"
+    assert agreed_reason(_RanksWorld(None, "no fp8"), "v skip", None) == "rank 1: no fp8"
+    assert agreed_reason(_RanksWorld("no fp8", None), "v skip", "no fp8") == "rank 0: no fp8"
+    assert agreed_reason(_RanksWorld("a", "b"), "v skip", "a") == "rank 0: a; rank 1: b"
+
+
+def test_communication_errors_are_told_from_a_variants_own_by_their_text():
+    for text in ("Watchdog caught collective operation timeout", "NCCL: operation timed out",
+                 "Connection reset by peer", "Connection closed by peer", "Broken pipe"):
+        assert is_dist(RuntimeError(text)), text
+    assert not is_dist(ValueError("expected a tensor of shape (4, 8)"))
+    assert error_text(ValueError("first line\nsecond line")) == "ValueError: first line"
+    assert error_text(KeyError()) == "KeyError"
+    f = failure(RuntimeError("NCCL: operation timed out"))
+    assert f["dist"] and f["error"] == "RuntimeError: NCCL: operation timed out"
