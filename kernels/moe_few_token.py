@@ -204,7 +204,7 @@ def few_token_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, 
         ``out``.
 
     Raises:
-        ValueError: mismatched shapes, dtypes or devices, top_k > E (naming the argument),
+        ValueError: mismatched shapes, dtypes or devices, top_k < 1 (naming the argument),
             before any launch.
     """
     t, top_k = check_moe_args(hidden, weights, topk_weights, topk_ids, out, check_ids)

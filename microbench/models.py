@@ -131,7 +131,13 @@ def _bool(d: Mapping[str, Any], key: str, label: str) -> bool:
 
 
 def _dtype(d: Mapping[str, Any], label: str) -> str:
-    """The model's unquantised dtype (``torch_dtype``, or ``dtype`` in newer configs)."""
+    """The model's unquantised dtype (``torch_dtype``, or ``dtype`` in newer configs).
+
+    Within one object ``torch_dtype`` wins over ``dtype``; the caller passes the text
+    model's object when it names either key, the top-level one otherwise (a multimodal
+    config's top-level dtype describes the whole checkpoint, the text model's its own
+    weights). Neither key: bfloat16.
+    """
     key = "torch_dtype" if "torch_dtype" in d else "dtype"
     raw = d.get(key, "bfloat16")
     name = _DTYPE_NAMES.get(str(raw).lower())

@@ -350,6 +350,24 @@ def test_an_unsupported_dtype_names_the_key_the_config_uses(key: str) -> None:
         ModelConfig.from_hf(raw, name="k")
 
 
+@pytest.mark.parametrize("top, text, expected", [
+    ({"torch_dtype": "float16"}, {"dtype": "bfloat16"}, "bf16"),         # text model's key wins
+    ({"dtype": "float16"}, {}, "fp16"),                                  # top level when text names none
+    ({}, {"torch_dtype": "float16", "dtype": "bfloat16"}, "fp16"),       # torch_dtype wins within one object
+    ({}, {}, "bf16"),                                                    # neither: bfloat16
+])
+def test_dtype_precedence(top: dict, text: dict, expected: str) -> None:
+    raw = shipped_json("models", "kimi-k2.5")
+    del raw["quantization_config"]
+    for d in (raw, raw["text_config"]):
+        d.pop("torch_dtype", None)
+        d.pop("dtype", None)
+    raw.update(top)
+    raw["text_config"].update(text)
+    q = ModelConfig.from_hf(raw, name="k").quant
+    assert (q.routed_experts, q.other) == (expected, expected)
+
+
 @pytest.mark.parametrize("ignored, routed", [(1, "int4"), (2, "bf16")])
 def test_the_experts_scheme_is_read_at_the_first_routed_layer(ignored: int, routed: str) -> None:
     # first_k_dense_replace 1 and moe_layer_freq 2: layer 1 is dense, layer 2 the first routed one

@@ -375,3 +375,24 @@ def test_other_ranks_ids_add_nothing_in_both_kernels(kernel):
     kw = {"remote_ids": True, "check_ids": True} if kernel == "fused" else {"check_ids": True}
     _assert_matches_ref(_launch(kernel, KERNEL_CONFIGS[0 if kernel == "fused" else 2].values[1], x, W, tw, ids, **kw),
                         _reference(x, ck, tw, ids), x, FP16_TOL)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("kind", ["dense", "int4"])
+@pytest.mark.parametrize("kernel", ["fused", "few_token"])
+def test_a_rank_with_fewer_experts_than_top_k(kernel, kind):
+    """Expert parallelism over many ranks: 8 experts on 4 ranks leave this one 2 (global 2
+    and 3), fewer than the 4 each token picks; the rest of a token's choices are -1, and a
+    token may have none here at all."""
+    T, H, I, k = 7, 64, 32, 4
+    g = torch.Generator().manual_seed(11)
+    picks = torch.stack([torch.randperm(8, generator=g)[:k] for _ in range(T)])
+    ids = torch.where((picks >= 2) & (picks < 4), picks - 2, -1).to(DEVICE, torch.int32)
+    assert (ids == -1).all(dim=1).any() and ((ids >= 0).sum(dim=1) == 2).any()
+    tw = (torch.rand(T, k, generator=g) + 0.1).to(DEVICE)
+    ck, W = moe_checkpoint(kind, 2, H, I, seed=3)
+    x = hidden_states(T, H, seed=4)
+    kw = {"remote_ids": True, "check_ids": True} if kernel == "fused" else {"check_ids": True}
+    _assert_matches_ref(_launch(kernel, KERNEL_CONFIGS[0 if kernel == "fused" else 2].values[1], x, W, tw, ids, **kw),
+                        _reference(x, ck, tw, ids), x, FP16_TOL)
