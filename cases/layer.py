@@ -125,7 +125,7 @@ class DecoderLayerCase(Case):
         from microbench.cases.layer_inputs import layer_batch, layer_inputs, layer_shape, layer_weights
         from microbench.cases.moe import device_slug, tuned_configs, tuning_path
         from microbench.kernels.checks import small_shared
-        from microbench.kernels.moe_common import TuningTable
+        from microbench.kernels.moe_tuning import TuningTable
 
         s, dt = layer_shape(point["layer"]), DTYPES[point["dtype"]]
         q_len = 1 if point["phase"] == "decode" else point["draft_tokens"] + 1

@@ -263,7 +263,7 @@ class MoEExpertsCase(Case):
                        where=at, stated_for="h200-sxm", details=("config",))]
 
     def table(self, device: str):
-        from microbench.kernels.moe_common import TuningTable
+        from microbench.kernels.moe_tuning import TuningTable
 
         path = tuning_path(device)
         if path not in self._tables:
@@ -337,7 +337,7 @@ class MoEExpertsCase(Case):
         is in the device's table as soon as it is found (a search cut short keeps it);
         each row says how much faster the winner is than the default."""
         from microbench.cases.moe_inputs import moe_shape
-        from microbench.kernels.moe_common import TuningEntry, default_config, search_space
+        from microbench.kernels.moe_tuning import TuningEntry, default_config, search_space
 
         s, t, kind = moe_shape(point["layout"]), point["tokens"], point["weights"]
         w = self.setup(point, device, trial.seed)

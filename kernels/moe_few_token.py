@@ -37,8 +37,8 @@ import triton.language as tl
 from torch import Tensor
 
 from microbench.kernels.checks import require_runnable, small_shared
-from microbench.kernels.moe_common import (MAX_TILE_ROWS, ExpertWeights, GemmConfig, _int4_tile_once, _mma,
-                                           _weight_tile, check_moe_args, default_config, tile_rows)
+from microbench.kernels.moe_common import ExpertWeights, _int4_tile_once, _mma, _weight_tile, check_moe_args
+from microbench.kernels.moe_tuning import MAX_TILE_ROWS, GemmConfig, default_config, tile_rows
 from microbench.kernels.moe_routing import expert_segments
 
 __all__ = ["MAX_TILE_ROWS", "few_token_moe"]

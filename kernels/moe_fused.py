@@ -26,7 +26,8 @@ import triton.language as tl
 from torch import Tensor
 
 from microbench.kernels.checks import require_runnable
-from microbench.kernels.moe_common import ExpertWeights, GemmConfig, _mma, _weight_tile, check_moe_args, default_config
+from microbench.kernels.moe_common import ExpertWeights, _mma, _weight_tile, check_moe_args
+from microbench.kernels.moe_tuning import GemmConfig, default_config
 from microbench.kernels.moe_routing import align
 
 __all__ = ["fused_moe"]

@@ -164,7 +164,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message, monkeypatch, capsys
 
 def test_launchers_read_the_targets_shared_memory(monkeypatch):
     from microbench.kernels import checks
-    from microbench.kernels.moe_common import TuningTable, default_config
+    from microbench.kernels.moe_tuning import TuningTable, default_config
 
     assert checks.shared_memory_per_block("cpu") is None and not checks.small_shared("cpu")
     monkeypatch.setattr(checks, "COMPILE_ONLY", True)

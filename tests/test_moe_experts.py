@@ -28,7 +28,8 @@ from functools import lru_cache
 import pytest
 import torch
 
-from microbench.kernels.moe_common import GemmConfig, prepare_weights
+from microbench.kernels.moe_common import prepare_weights
+from microbench.kernels.moe_tuning import GemmConfig
 from microbench.kernels.moe_few_token import few_token_moe
 from microbench.kernels.moe_fused import fused_moe
 from microbench.kernels.moe_reference import align_ref, fused_moe_ref, pack_int4
@@ -196,7 +197,7 @@ def test_int4_groups_longer_than_the_k_step(kernel, cfg):
 def test_a_short_fused_search_varies_its_n_tile_and_stages_first(weights):
     """At few tokens each expert has one row block: group_m only reorders tiles and a larger
     block_m only pads, so a capped search (the GPU check's: 6) tries N tiles and stages."""
-    from microbench.kernels.moe_common import default_config, search_space
+    from microbench.kernels.moe_tuning import default_config, search_space
 
     space = search_space("fused", "w13+w2", weights, 512, 7168, 4)
     first = default_config("fused", "w13+w2", weights, 512, 7168, 4)
@@ -208,7 +209,7 @@ def test_a_short_fused_search_varies_its_n_tile_and_stages_first(weights):
 
 
 def test_unpack_once_is_searched_for_int4_and_refused_for_odd_groups():
-    from microbench.kernels.moe_common import search_space
+    from microbench.kernels.moe_tuning import search_space
 
     space = search_space("few_token", "w13", "int4", 512, 7168, 4)
     assert space[0].unpack == 1 and space[1] == dataclasses.replace(space[0], unpack=0)
@@ -353,6 +354,14 @@ def test_kimi_tp8_bf16_gpu(kernel, T, kind):
     _assert_matches_ref(got, want, x, 2e-2)
 
 
+def _assert_remote_ids_match(kernel, x, ck, W, tw, ids):
+    """One configuration of ``kernel`` against the reference, with ``-1`` ids (experts on
+    another rank) allowed and checked on the host."""
+    kw = {"remote_ids": True, "check_ids": True} if kernel == "fused" else {"check_ids": True}
+    _assert_matches_ref(_launch(kernel, KERNEL_CONFIGS[0 if kernel == "fused" else 2].values[1], x, W, tw, ids, **kw),
+                        _reference(x, ck, tw, ids), x, FP16_TOL)
+
+
 # The baseline's activation runs over every pair's row, and the rows of pairs whose expert
 # is elsewhere were never written (no block holds them; their down rows are zeroed): the
 # interpreter's numpy then warns about arithmetic on whatever the memory held. Those rows are read
@@ -372,9 +381,7 @@ def test_other_ranks_ids_add_nothing_in_both_kernels(kernel):
     tw, ids = route(x, gate, None, top_k=k, n_group=1, topk_group=1, routed_scaling_factor=2.5)
     ids = torch.where(ids >= 6, torch.full_like(ids, -1), ids)  # experts 6, 7 live elsewhere
     assert (ids == -1).any()
-    kw = {"remote_ids": True, "check_ids": True} if kernel == "fused" else {"check_ids": True}
-    _assert_matches_ref(_launch(kernel, KERNEL_CONFIGS[0 if kernel == "fused" else 2].values[1], x, W, tw, ids, **kw),
-                        _reference(x, ck, tw, ids), x, FP16_TOL)
+    _assert_remote_ids_match(kernel, x, ck, W, tw, ids)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -393,6 +400,4 @@ def test_a_rank_with_fewer_experts_than_top_k(kernel, kind):
     tw = (torch.rand(T, k, generator=g) + 0.1).to(DEVICE)
     ck, W = moe_checkpoint(kind, 2, H, I, seed=3)
     x = hidden_states(T, H, seed=4)
-    kw = {"remote_ids": True, "check_ids": True} if kernel == "fused" else {"check_ids": True}
-    _assert_matches_ref(_launch(kernel, KERNEL_CONFIGS[0 if kernel == "fused" else 2].values[1], x, W, tw, ids, **kw),
-                        _reference(x, ck, tw, ids), x, FP16_TOL)
+    _assert_remote_ids_match(kernel, x, ck, W, tw, ids)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from microbench.kernels.moe_common import GemmConfig, TuningEntry, TuningTable, default_config
+from microbench.kernels.moe_tuning import GemmConfig, TuningEntry, TuningTable, default_config
 from microbench.kernels.moe_reference import moe_cost
 
 
