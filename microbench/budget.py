@@ -32,8 +32,13 @@ The launch cost is the measured eager launch floor (``calibration.launch``, eage
 result has it, else the profile's ``launch_overhead``; the kernel floor likewise comes from
 the same op replayed from a graph, else the profile's ``kernel_floor``.
 
+Weights are read in the storage the config gives them, scales included
+(:meth:`Quantization.matrix_bytes`): the routed experts in theirs, the other projections
+(attention's q_a / kv_a, q_b, o_proj; the shared expert; the dense MLP) in the config's
+``other`` storage; lm_head, the router gate and the per-head w_kc / w_vc stay bf16.
+
 Speculative decoding: a step drafts ``draft_tokens`` tokens (``draft_s``, or an estimate:
-one dense decoder layer + lm_head per draft step, the shape of an EAGLE-3 head), verifies
+one bf16 dense decoder layer + lm_head per draft step, the shape of an EAGLE-3 head), verifies
 them, and emits ``accept_len`` tokens per request on average: tokens/s = batch x
 accept_len / (draft + verify); break-even acceptance length = (draft + verify) / decode.
 """
@@ -84,8 +89,8 @@ class Scenario:
             raise ConfigError(f"--attention {self.attention!r}: use {' or '.join(ATTENTION_KERNELS)}")
         if self.moe not in MOE_KERNELS:
             raise ConfigError(f"--moe {self.moe!r}: use {' or '.join(MOE_KERNELS)}")
-        if self.draft_s is not None and self.draft_s < 0:
-            raise ConfigError("--draft-ms must not be negative")
+        if self.draft_s is not None and not 0 <= self.draft_s < float("inf"):
+            raise ConfigError(f"--draft-ms must be a finite time of at least 0, got {self.draft_s * 1e3:g}")
         missing = [k for k in NEEDED if getattr(self.hw, k) is None]
         if missing:
             raise ConfigError(f"hardware profile {self.hw.name}: missing figure {missing[0]!r}, which the budget needs")
@@ -197,23 +202,27 @@ class _Estimator:
         return Cell(t, f"roofline on {self.s.hw.name} ({what}: {nbytes / 1e6:.2f} MB, "
                        f"{flops / 1e9:.2f} GFLOP, {bound}-bound)")
 
-    def gemm(self, t: int, k: int, n: int) -> tuple[float, float]:
-        """Bytes and FLOPs of a [t, k] x [k, n] bf16 GEMM (weights read once)."""
-        return (k * n + t * k + t * n) * ACTIVATION_BYTES, 2.0 * t * k * n
+    def gemm(self, t: int, k: int, n: int, weights: str | None = None) -> tuple[float, float]:
+        """Bytes and FLOPs of a [t, k] x [k, n] GEMM with bf16 activations; its weights read
+        once, held as ``weights`` (a storage name, scales counted; None: bf16)."""
+        w = self.s.model.quant.matrix_bytes(n, k, weights) if weights else k * n * ACTIVATION_BYTES
+        return w + (t * k + t * n) * ACTIVATION_BYTES, 2.0 * t * k * n
 
     # -- attention
-    def projections(self, t: int) -> Cell:
+    def projections(self, t: int, weights: str | None) -> Cell:
+        """The 5 projection GEMMs; q_a/kv_a, q_b and o_proj held as ``weights``, the
+        per-head w_kc / w_vc in bf16 (servers dequantise kv_b_proj into them at load)."""
         r = self.r
         h, nope = r.hidden, r.q_head_dim - r.qk_rope_head_dim
         q_in = r.q_lora_rank or h
-        shapes = [(h, (r.q_lora_rank or 0) + r.kv_lora_rank + r.qk_rope_head_dim),  # fused q_a / kv_a
-                  (q_in, r.heads_per_rank * r.q_head_dim),  # q_b (or the direct q projection)
-                  (nope, r.kv_lora_rank * r.heads_per_rank),  # q_nope x w_kc, per head
-                  (r.kv_lora_rank, r.v_head_dim * r.heads_per_rank),  # x w_vc, per head
-                  (r.heads_per_rank * r.v_head_dim, h)]  # o_proj
+        shapes = [(h, (r.q_lora_rank or 0) + r.kv_lora_rank + r.qk_rope_head_dim, weights),  # fused q_a / kv_a
+                  (q_in, r.heads_per_rank * r.q_head_dim, weights),  # q_b (or the direct q projection)
+                  (nope, r.kv_lora_rank * r.heads_per_rank, None),  # q_nope x w_kc, per head
+                  (r.kv_lora_rank, r.v_head_dim * r.heads_per_rank, None),  # x w_vc, per head
+                  (r.heads_per_rank * r.v_head_dim, h, weights)]  # o_proj
         nb = fl = 0.0
-        for k, n in shapes:
-            b, f = self.gemm(t, k, n)
+        for k, n, w in shapes:
+            b, f = self.gemm(t, k, n, w)
             nb, fl = nb + b, fl + f
         return self.roof(nb, fl, len(shapes), "5 GEMMs")
 
@@ -288,22 +297,19 @@ class _Estimator:
         hit = self.m.experts(self._layout_key(), t, weights, s.moe)
         if hit:
             return hit
-        h, i = r.hidden, r.moe_intermediate_per_rank
-        per_expert = 3 * h * i  # w13 [2i, h] + w2 [h, i]
-        if weights == "int4":
-            group = s.model.quant.group_size or 32
-            wbytes = per_expert / 2 + per_expert / group * 2  # nibbles + bf16 scales
-        else:
-            wbytes = per_expert * (s.model.quant.routed_bits / 8)
+        h, i, q = r.hidden, r.moe_intermediate_per_rank, s.model.quant
+        wbytes = q.matrix_bytes(2 * i, h) + q.matrix_bytes(h, i)  # w13 [2i, h] + w2 [h, i], with scales
         touched = self.touched_experts(t)
         nb = touched * wbytes + 2 * t * h * ACTIVATION_BYTES
-        fl = 2.0 * t * r.top_k * per_expert
+        # T x top_k (token, expert) pairs of 3 h i multiply-adds, of which this rank holds its
+        # experts' share (all of them, TP-sharded, at ep 1)
+        fl = 2.0 * t * r.top_k * 3 * h * i * r.experts_per_rank / s.model.n_routed_experts
         return self.roof(nb, fl, MOE_KERNELS[s.moe], f"{s.moe}, {touched:.1f} experts touched, {weights}")
 
-    def mlp(self, t: int, inter: int, what: str) -> Cell:
+    def mlp(self, t: int, inter: int, what: str, weights: str | None) -> Cell:
         h = self.r.hidden
-        b1, f1 = self.gemm(t, h, 2 * inter)
-        b2, f2 = self.gemm(t, inter, h)
+        b1, f1 = self.gemm(t, h, 2 * inter, weights)
+        b2, f2 = self.gemm(t, inter, h, weights)
         act = 3 * t * inter * ACTIVATION_BYTES
         return self.roof(b1 + b2 + act, f1 + f2, 3, what)
 
@@ -321,7 +327,7 @@ class _Estimator:
 # --------------------------------------------------------------------------- composition
 
 
-def _attention_lines(est: _Estimator, s: Scenario, scope: str) -> list[Line]:
+def _attention_lines(est: _Estimator, s: Scenario, scope: str, weights: str | None) -> list[Line]:
     att = {p: DECODE_ATTENTION_LAUNCHES if p == "decode" else ATTENTION_KERNELS[s.attention] for p in PHASES}
     lines = [Line("norms, rope, cache write, adds", scope, {p: 7 for p in PHASES}),
              Line("attention projections (5 GEMMs)", scope, {p: 5 for p in PHASES}),
@@ -331,7 +337,7 @@ def _attention_lines(est: _Estimator, s: Scenario, scope: str) -> list[Line]:
         t = s.tokens(p)
         for m in MODES:
             lines[0].cells[(p, m)] = est.small_ops(t)
-            lines[1].cells[(p, m)] = est.projections(t)
+            lines[1].cells[(p, m)] = est.projections(t, weights)
             lines[2].cells[(p, m)] = est.attention(p)
             lines[3].cells[(p, m)] = est.allreduce(t, m)
     return lines
@@ -365,16 +371,17 @@ def budget(s: Scenario, measured: Measured | None = None) -> Budget:
     s.check()
     measured = measured or Measured([])
     est = _Estimator(s, measured)
-    r = est.r
+    r, model = est.r, s.model
     launch = measured.launch_cost() or Cell(s.hw.launch_overhead.value,
                                             f"profile {s.hw.name}: {s.hw.launch_overhead.source}")
-    moe = _attention_lines(est, s, "MoE layer") + [
+    other = s.model.quant.other  # the storage of every weight but the routed experts'
+    moe = _attention_lines(est, s, "MoE layer", other) + [
         _fill(Line("router (gate GEMM + top-k)", "MoE layer", {p: 2 for p in PHASES}),
               lambda p, m: est.router(s.tokens(p))),
         _fill(Line(f"routed experts ({s.moe}, {s.model.quant.routed_experts})", "MoE layer",
                    {p: MOE_KERNELS[s.moe] for p in PHASES}), lambda p, m: est.experts(s.tokens(p))),
         _fill(Line("shared expert", "MoE layer", {p: 3 for p in PHASES}),
-              lambda p, m: est.mlp(s.tokens(p), r.shared_intermediate_per_rank, "shared expert"))]
+              lambda p, m: est.mlp(s.tokens(p), r.shared_intermediate_per_rank, "shared expert", other))]
     if not r.shared_intermediate_per_rank:
         moe.pop()
     # the layer as layer.decoder measures it (one rank): stand-ins where the allreduces are
@@ -384,24 +391,33 @@ def budget(s: Scenario, measured: Measured | None = None) -> Budget:
                                   launch)
     moe_exposed, moe_tot = _launch_line(moe, "MoE layer", launch)
     moe.append(moe_exposed)
-    dense = _attention_lines(est, s, "dense layer") + [
+    dense = _attention_lines(est, s, "dense layer", other) + [
         _fill(Line("dense MLP", "dense layer", {p: 3 for p in PHASES}),
-              lambda p, m: est.mlp(s.tokens(p), max(1, r.dense_intermediate_per_rank), "dense MLP"))]
+              lambda p, m: est.mlp(s.tokens(p), r.dense_intermediate_per_rank, "dense MLP", other))]
     dense_exposed, dense_tot = _launch_line(dense, "dense layer", launch)
     dense.append(dense_exposed)
+    if not model.n_dense_layers:  # nothing to show: no layer of the model is dense
+        dense, dense_tot = [], {k: 0.0 for k in dense_tot}
     head = [_fill(Line("final norm + lm_head", "step", {p: 2 for p in PHASES}), lambda p, m: est.lm_head(s.tokens(p)))]
     head_exposed, head_tot = _launch_line(head, "step", launch)
-    model = s.model
     step = {k: model.n_moe_layers * moe_tot[k] + model.n_dense_layers * dense_tot[k] + head_tot[k] for k in moe_tot}
     # the draft phase: given, or D x (one dense layer at the decode batch + lm_head)
     if s.draft_s is not None:
         draft = {k: s.draft_s for k in step}
         draft_src = "given (--draft-ms)"
     else:
-        draft = {(p, m): s.draft_tokens * (dense_tot[("decode", m)] + head_tot[("decode", m)])
+        # an EAGLE-3 head: one decoder layer with the model's attention and a dense MLP of
+        # intermediate_size, in bf16 whatever the target's weights
+        inter = -(-model.intermediate_size // s.layout.tp)
+        head_layer = _attention_lines(est, s, "draft", None) + [
+            _fill(Line("dense MLP", "draft", {p: 3 for p in PHASES}),
+                  lambda p, m: est.mlp(s.tokens(p), inter, "draft MLP", None))]
+        _, draft_layer = _launch_line(head_layer, "draft", launch)
+        draft = {(p, m): s.draft_tokens * (draft_layer[("decode", m)] + head_tot[("decode", m)])
                  for p, m in step}
-        draft_src = (f"estimate: {s.draft_tokens} draft steps x (one dense decoder layer + lm_head at the decode "
-                     f"batch), the shape of an EAGLE-3 head; pass --draft-ms for a measured one")
+        draft_src = (f"estimate: {s.draft_tokens} draft steps x (one bf16 dense decoder layer of intermediate "
+                     f"{model.intermediate_size} + lm_head at the decode batch), the shape of an EAGLE-3 head; "
+                     "pass --draft-ms for a measured one")
     notes = [f"draft phase: {draft_src}",
              f"launch cost per kernel (eager): {launch.seconds * 1e6:.2f} us from {launch.source}",
              f"kernel floor (floor-bound lines): {est.floor * 1e6:.2f} us per kernel from {est.floor_cell.source}",

@@ -44,6 +44,8 @@ def render(b: Budget, fmt: str = "text", modes: tuple[str, ...] = MODES) -> str:
 
     rows = []
     for group, key in ((b.moe_layer, "moe layer"), (b.dense_layer, "dense layer")):
+        if not group:  # a model with no dense layer
+            continue
         for x in group:
             if key == "dense layer" and x.name != "dense MLP" and not x.name.startswith("launches"):
                 continue  # the attention half is the MoE layer's, line for line
@@ -65,8 +67,9 @@ def render(b: Budget, fmt: str = "text", modes: tuple[str, ...] = MODES) -> str:
     m = s.model
     rows.append(row(f"x {m.n_moe_layers} MoE layers", "step", "", [m.n_moe_layers * b.totals["moe layer"][c]
                                                                     for c in cols]))
-    rows.append(row(f"x {m.n_dense_layers} dense layer(s)", "step", "",
-                    [m.n_dense_layers * b.totals["dense layer"][c] for c in cols]))
+    if m.n_dense_layers:
+        rows.append(row(f"x {m.n_dense_layers} dense layer(s)", "step", "",
+                        [m.n_dense_layers * b.totals["dense layer"][c] for c in cols]))
     for x in b.step:
         rows.append(row(x.name, x.scope, f"{x.launches['decode']}/{x.launches['verify']}",
                         [x.seconds(p, mm) for p, mm in cols], ref(x)))

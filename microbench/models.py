@@ -37,6 +37,13 @@ _DTYPE_NAMES = {
 }
 
 
+#: bits per element of each storage a weight or a scale can have
+_STORAGE_BITS = {"int4": 4, "fp8": 8, "bf16": 16, "fp16": 16, "fp32": 32}
+_QUANTISED = ("int4", "fp8")
+#: scale dtypes compressed-tensors may name beyond the model dtypes
+_SCALE_NAMES = {**_DTYPE_NAMES, "float8_e4m3fn": "fp8", "torch.float8_e4m3fn": "fp8"}
+
+
 class ConfigError(ValueError):
     """A model or hardware config that cannot be used; the message is one line naming the
     file and the key at fault."""
@@ -171,7 +178,31 @@ class Quantization:
     @property
     def routed_bits(self) -> int:
         """Bits per routed-expert weight element (scales not counted)."""
-        return {"int4": 4, "fp8": 8, "bf16": 16}[self.routed_experts]
+        return _STORAGE_BITS[self.routed_experts]
+
+    def matrix_bytes(self, n: int, k: int, storage: str | None = None) -> float:
+        """Bytes of one ``[N, K]`` weight matrix held as ``storage`` (default: the routed
+        experts' storage): its elements, and for a quantised storage its scales.
+
+        The scales follow this scheme when ``storage`` is the routed experts' own: one per
+        ``group_size`` K-elements, else one per ``weight_block`` tile, else one per row (a
+        per-channel scheme); each of ``scale_dtype``. Another quantised storage (attention
+        in FP8 beside INT4 experts) has a scheme this description does not keep: it is
+        priced with one scale per row.
+        """
+        storage = storage or self.routed_experts
+        nbytes = n * k * _STORAGE_BITS[storage] / 8
+        if storage not in _QUANTISED:
+            return nbytes
+        own = storage == self.routed_experts
+        if own and self.group_size:
+            scales = n * -(-k // self.group_size)
+        elif own and self.weight_block:
+            bn, bk = self.weight_block
+            scales = -(-n // bn) * -(-k // bk)
+        else:
+            scales = n
+        return nbytes + scales * _STORAGE_BITS[self.scale_dtype or "bf16"] / 8
 
 
 def _ct_matches(pattern: str, name: str) -> bool:
@@ -191,6 +222,9 @@ def _ct_scheme(names: list[str], groups: Mapping[str, Any], ignore: list[str], l
         if not isinstance(group, Mapping):
             raise ConfigError(f"{label}: quantization_config.config_groups.{gname} must be an object")
         targets = group.get("targets", [])
+        if not _strings(targets):
+            raise ConfigError(f"{label}: quantization_config.config_groups.{gname}.targets must be a list of "
+                              f"strings, got {targets!r}")
         # "Linear" targets a module class: every projection in these models is a Linear.
         if any(t == "Linear" or any(_ct_matches(t, n) for n in names) for t in targets):
             weights = group.get("weights")
@@ -236,8 +270,9 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], nested: bool,
                           "(fp8 or compressed-tensors)")
     groups = _get(qc, "config_groups", f"{label}: quantization_config")
     ignore = qc.get("ignore") or []
-    if not isinstance(groups, Mapping) or not isinstance(ignore, list):
-        raise ConfigError(f"{label}: quantization_config config_groups must be an object and ignore a list")
+    if not isinstance(groups, Mapping) or not _strings(ignore):
+        raise ConfigError(f"{label}: quantization_config config_groups must be an object and ignore a list of "
+                          f"strings, got ignore={ignore!r}")
     moe_layer = _first_moe_layer(text)
     w = _ct_scheme(_module_names(f"{moe_layer}.mlp.experts.0.down_proj", nested), groups, ignore, label)
     attn = _ct_scheme(_module_names("0.self_attn.kv_b_proj", nested), groups, ignore, label)
@@ -255,10 +290,19 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], nested: bool,
     sym = w.get("symmetric")
     scale = w.get("scale_dtype")
     # Without an explicit scale dtype, compressed-tensors stores scales in the model dtype.
-    scale_name = _DTYPE_NAMES.get(str(scale).lower(), str(scale)) if scale is not None else base
+    scale_name = _SCALE_NAMES.get(str(scale).lower()) if scale is not None else base
+    if scale_name is None:
+        raise ConfigError(f"{label}: key 'scale_dtype' has unsupported dtype {scale!r} "
+                          "(bfloat16, float16, float32 or float8_e4m3fn)")
     src = f"{label}: quantization_config compressed-tensors {fmt}, {strategy} strategy"
     return Quantization(storage, group, None if sym is None else bool(sym), scale_name, src, other,
                         tuple(block) if block else None)
+
+
+def _strings(v: Any) -> bool:
+    """A list of strings (compressed-tensors' ``targets`` and ``ignore``: a bare string
+    would be read character by character)."""
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
 def _two_positive_ints(v: Any) -> bool:

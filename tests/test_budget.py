@@ -134,13 +134,26 @@ def test_more_hand_computed_lines(round_hw):
 
 def test_fp8_experts_and_a_direct_query_projection(round_hw):
     b = budget(Scenario(model=_model("deepseek-v3", q_lora_rank=None), layout=ParallelLayout(8, 1), hw=round_hw))
-    # T = 1 touches 8 of 256 experts of 3 x 7168 x 256 FP8 weights: one byte each
+    # T = 1 touches 8 of 256 experts of 3 x 7168 x 256 FP8 weights: one byte each, and one
+    # fp32 scale per 128 x 128 block: w13 [512, 7168] has 4 x 56, w2 [7168, 256] 56 x 2
     experts = _line(b.moe_layer, "routed experts").seconds("decode", "graph")
-    assert experts == pytest.approx((8 * 3 * 7168 * 256 + 2 * 7168 * 2) / 1e12)
-    # q_lora_rank null: no q_a in the fused projection, and q_b reads the hidden state itself
-    shapes = [(7168, 512 + 64), (7168, 16 * 192), (128, 512 * 16), (512, 128 * 16), (16 * 128, 7168)]
+    assert experts == pytest.approx((8 * (3 * 7168 * 256 + (4 * 56 + 56 * 2) * 4) + 2 * 7168 * 2) / 1e12)
+
+    def fp8(k, n):  # an FP8 [n, k] weight: a byte each, an fp32 scale per (partial) 128 x 128 block
+        return k * n + -(-n // 128) * -(-k // 128) * 4
+
+    # q_lora_rank null: no q_a in the fused projection, and q_b reads the hidden state itself;
+    # the per-head w_kc / w_vc are bf16 (dequantised from kv_b_proj), the others FP8
+    shapes = [(7168, 512 + 64, fp8), (7168, 16 * 192, fp8), (128, 512 * 16, None), (512, 128 * 16, None),
+              (16 * 128, 7168, fp8)]
     proj = _line(b.moe_layer, "attention projections").seconds("decode", "graph")
-    assert proj == pytest.approx(sum((k * n + k + n) * 2 for k, n in shapes) / 1e12)
+    assert proj == pytest.approx(sum((w(k, n) if w else 2 * k * n) + (k + n) * 2 for k, n, w in shapes) / 1e12)
+    # the shared expert and the dense MLP are FP8 too; lm_head stays bf16
+    shared = _line(b.moe_layer, "shared expert").seconds("decode", "graph")
+    assert shared == pytest.approx((fp8(7168, 512) + fp8(256, 7168) + (7168 + 512 + 256 + 7168) * 2
+                                    + 3 * 256 * 2) / 1e12)
+    head = _line(b.step, "final norm + lm_head").seconds("decode", "graph")
+    assert head == pytest.approx(((7168 * 16160 + 7168 + 16160) + 2 * 7168) * 2 / 1e12)
 
 
 def test_expert_parallel_ranks_own_whole_experts(round_hw):
@@ -154,6 +167,42 @@ def test_expert_parallel_ranks_own_whole_experts(round_hw):
                                           "dtype": "bf16"}, t)
             for layout, t in (("kimi-tp8", 30e-6), ("kimi-ep8", 40e-6))]
     assert _line(budget(ep, Measured([_gpu_doc(recs)])).moe_layer, "routed experts").seconds("decode", "eager") == 40e-6
+
+
+def test_expert_parallel_flops_are_the_ranks_share(round_hw):
+    # 512 tokens x top-8 pairs over 384 experts: a TP rank computes every pair on a 256-wide
+    # slice, an EP rank the 48/384 of the pairs its experts hold on the full 2048: same FLOPs
+    def experts(ep):
+        s = Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(8, ep), hw=round_hw, batch=128)
+        return _line(budget(s).moe_layer, "routed experts").cells[("verify", "graph")].source
+
+    flops = 2 * 512 * 8 * 3 * 7168 * 256 / 1e9
+    for ep in (1, 8):
+        assert f"{flops:.2f} GFLOP, memory-bound" in experts(ep)
+
+
+def test_a_model_without_dense_layers(round_hw):
+    # every layer routed: no dense line, row or layer in the step; the draft estimate still
+    # prices an EAGLE-3 head's dense MLP of intermediate_size (18432 / 8 per rank)
+    b = budget(Scenario(model=_model("kimi-k2.5", first_k_dense_replace=0), layout=ParallelLayout(8, 1),
+                        hw=round_hw))
+    assert b.dense_layer == [] and set(b.totals["dense layer"].values()) == {0.0}
+    ref = budget(_scenario(round_hw))
+    for k in b.totals["draft"]:
+        assert b.totals["draft"][k] == pytest.approx(ref.totals["draft"][k])
+    text = render(b, "text")
+    assert "dense layer" not in text and "x 61 MoE layers" in text
+
+
+def test_the_draft_head_is_bf16_whatever_the_target_weights(round_hw):
+    # DeepSeek-V3's dense layers are FP8, the estimated EAGLE-3 head is not: it costs what
+    # the same model in bf16 would
+    fp8 = budget(Scenario(model=load_model("deepseek-v3"), layout=ParallelLayout(8, 1), hw=round_hw))
+    bf16 = budget(Scenario(model=_model("deepseek-v3", quantization_config=None), layout=ParallelLayout(8, 1),
+                           hw=round_hw))
+    assert fp8.totals["draft"] == pytest.approx(bf16.totals["draft"])
+    dense = [x.totals["dense layer"][("decode", "graph")] for x in (fp8, bf16)]
+    assert dense[0] < 0.6 * dense[1]
 
 
 def test_one_rank_has_no_allreduce(round_hw):
@@ -303,7 +352,9 @@ def test_the_hardware_follows_the_results_gpu(capsys, tmp_path, gpus, profile, w
     (["--model", "gpt-9"], "unknown model 'gpt-9'"),
     (["--batch", "0"], "--batch must be at least 1"),
     (["--attention", "flash"], "--attention 'flash'"),
-    (["--draft-ms", "-1"], "--draft-ms must not be negative"),
+    (["--draft-ms", "-1"], "--draft-ms must be a finite time of at least 0, got -1"),
+    (["--draft-ms", "nan"], "--draft-ms must be a finite time of at least 0, got nan"),
+    (["--draft-ms", "inf"], "--draft-ms must be a finite time of at least 0, got inf"),
     (["--results", "/nonexistent.json"], "no such file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):

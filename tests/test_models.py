@@ -218,6 +218,51 @@ def test_unsupported_quantization_named() -> None:
         ModelConfig.from_hf(raw, name="k")
 
 
+@pytest.mark.parametrize("where, value, pattern", [
+    ("ignore", [1, 2], r"ignore a list of strings, got ignore=\[1, 2\]"),
+    ("ignore", "lm_head", r"ignore a list of strings"),
+    ("targets", "Linear", r"config_groups\.group_0\.targets must be a list of strings, got 'Linear'"),
+    ("targets", [None], r"targets must be a list of strings"),
+    ("scale_dtype", "int8", r"key 'scale_dtype' has unsupported dtype 'int8'"),
+])
+def test_malformed_compressed_tensors_fields_are_named(where: str, value, pattern: str) -> None:
+    # a bare string would be matched character by character; a number has no name to match
+    raw = shipped_json("models", "kimi-k2.5")
+    qc = raw["quantization_config"]
+    group = qc["config_groups"]["group_0"]
+    {"ignore": qc, "targets": group, "scale_dtype": group["weights"]}[where][where] = value
+    with pytest.raises(ConfigError, match=pattern):
+        ModelConfig.from_hf(raw, name="k")
+
+
+@pytest.mark.parametrize("weights, expected", [
+    # INT4 group 32, bf16 scales: [2048, 7168] is 2048 x 224 scales of 2 bytes
+    (dict(strategy="group", group_size=32), 2048 * 7168 / 2 + 2048 * 224 * 2),
+    # fp32 scales are counted at their own size
+    (dict(strategy="group", group_size=32, scale_dtype="float32"), 2048 * 7168 / 2 + 2048 * 224 * 4),
+    # per channel: one scale per output row
+    (dict(strategy="channel", group_size=None), 2048 * 7168 / 2 + 2048 * 2),
+])
+def test_matrix_bytes_count_each_schemes_scales(weights: dict, expected: float) -> None:
+    raw = shipped_json("models", "kimi-k2.5")
+    raw["quantization_config"]["config_groups"]["group_0"]["weights"].update(weights)
+    q = ModelConfig.from_hf(raw, name="k").quant
+    assert q.matrix_bytes(2048, 7168) == expected
+    # unquantised storage: elements only; attention in FP8 beside INT4 experts: a scale per row
+    assert q.matrix_bytes(2048, 7168, "bf16") == 2048 * 7168 * 2
+    assert q.matrix_bytes(2048, 7168, "fp8") == 2048 * 7168 + 2048 * (4 if "scale_dtype" in weights else 2)
+
+
+def test_fp8_blocks_count_partial_blocks_and_fp16_models_are_priced(deepseek: ModelConfig) -> None:
+    # [576, 7168] in 128 x 128 blocks: 5 block rows (the last one partial) x 56, fp32 scales
+    assert deepseek.quant.matrix_bytes(576, 7168) == 576 * 7168 + 5 * 56 * 4
+    raw = shipped_json("models", "deepseek-v3")
+    del raw["quantization_config"]
+    raw["torch_dtype"] = "float16"
+    q = ModelConfig.from_hf(raw, name="half").quant
+    assert (q.routed_experts, q.routed_bits, q.matrix_bytes(4, 8)) == ("fp16", 16, 64)
+
+
 def test_invalid_json_file(tmp_path) -> None:
     path = tmp_path / "bad.json"
     path.write_text('{"hidden_size": 7168,,}')
