@@ -34,7 +34,7 @@ from microbench.kernels.moe_common import prepare_weights
 
 #: CPU interpreter scale: the latent stays 512 + 64 (the kernels' fixed head), the rest shrinks
 MINI = LayerShape(hidden=128, heads=2, q_lora=64, nope=16, v_head=16, experts=16, top_k=8, moe_inter=32,
-                  shared_inter=32, n_group=1, topk_group=1, scaling=2.5)
+                  shared_inter=32, n_group=1, topk_group=1, scaling=2.5, mscale=2.0)  # Kimi's YaRN: 2.005
 
 
 def layer_shape(name: str) -> LayerShape:
@@ -52,7 +52,7 @@ def layer_shape(name: str) -> LayerShape:
                       nope=r.q_head_dim - r.qk_rope_head_dim, v_head=r.v_head_dim, experts=r.experts_per_rank,
                       top_k=r.top_k, moe_inter=r.moe_intermediate_per_rank,
                       shared_inter=r.shared_intermediate_per_rank, n_group=m.n_group, topk_group=m.topk_group,
-                      scaling=m.routed_scaling_factor, eps=m.rms_norm_eps)
+                      scaling=m.routed_scaling_factor, eps=m.rms_norm_eps, mscale=m.attention_mscale)
 
 
 def layer_weights(s: LayerShape, kind: str, dtype: torch.dtype, device: str, seed: int) -> LayerWeights:
@@ -82,7 +82,7 @@ def layer_batch(s: LayerShape, batch: int, q_len: int, context: int, dtype: torc
                 seed: int) -> LayerBatch:
     """``batch`` requests of ``context`` cached tokens each plus ``q_len`` new ones; the
     prefix pages shuffled through the pool, the new tokens' slots after them; the softmax
-    scale 1 / sqrt(q head dim), as the model's attention uses it."""
+    scale ``mscale / sqrt(q head dim)``, as the model's attention uses it (YaRN's factor)."""
     prefix_pages = batch * context
     pages = prefix_pages + batch * q_len
     g = torch.Generator().manual_seed(seed)
@@ -91,7 +91,7 @@ def layer_batch(s: LayerShape, batch: int, q_len: int, context: int, dtype: torc
     i32 = dict(dtype=torch.int32, device=device)
     plan = plan_mla(torch.arange(0, batch + 1, **i32) * q_len, torch.arange(0, batch + 1, **i32) * context,
                     order.to(device), torch.full((batch,), context, **i32), page_size=1, num_pages=pages,
-                    sm_scale=1 / math.sqrt(s.q_head))
+                    sm_scale=s.mscale / math.sqrt(s.q_head))
     positions = (context + torch.arange(q_len, device=device)).repeat(batch)
     slots = torch.arange(prefix_pages, pages, device=device, dtype=torch.int64)
     return LayerBatch(plan, cache, positions, slots)

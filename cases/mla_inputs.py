@@ -8,6 +8,7 @@ causal or EAGLE-tree masks.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -23,6 +24,14 @@ class MLAInputs:
     kv_new: torch.Tensor  # [T, 576]
     kv_cache: torch.Tensor  # [num_pages, page_size, 576]
     plan: MLAPlan
+
+
+@functools.lru_cache(maxsize=None)
+def model_sm_scale(name: str = "kimi-k2.5") -> float:
+    """A shipped model's attention softmax scale (:attr:`ModelConfig.softmax_scale`)."""
+    from microbench.cases.common import model
+
+    return model(name).softmax_scale
 
 
 def random_tree_mask(q_len: int, g: torch.Generator, self_only: Sequence[int] = ()) -> torch.Tensor:
@@ -51,11 +60,13 @@ def make_mla_inputs(
     tree: bool = False,
     logit_cap: float = 0.0,
     spare_pages: float = 0.25,
+    sm_scale: float | None = None,
 ) -> MLAInputs:
     """Seeded random q, new latents, a shuffled paged cache and its plan.
 
-    ``sm_scale`` is 1/sqrt(192) as DeepSeek-V3 uses (qk_nope 128 + rope 64 before
-    absorption); the layout is drawn on the CPU, the values on ``device``.
+    ``sm_scale`` defaults to Kimi-K2.5's softmax scale, 192^-0.5 (qk_nope 128 + rope 64
+    before absorption) times YaRN's attention factor (2.005): the logits as sharp as the
+    model's. The layout is drawn on the CPU, the values on ``device``.
     """
     if len(q_lens) != len(prefix_lens):
         raise ValueError("q_lens and prefix_lens must have one entry per request")
@@ -78,5 +89,5 @@ def make_mla_inputs(
         mask = pack_tree_masks(masks).to(device)
     plan = plan_mla(qo_indptr.to(device), kv_indptr.to(device), order.to(torch.int32).to(device),
                     torch.tensor(list(prefix_lens), dtype=torch.int32, device=device), page_size=page_size,
-                    num_pages=num_pages, sm_scale=1 / math.sqrt(192), tree_mask=mask, logit_cap=logit_cap)
+                    num_pages=num_pages, sm_scale=model_sm_scale() if sm_scale is None else sm_scale, tree_mask=mask, logit_cap=logit_cap)
     return MLAInputs(q, kv_new, kv_cache, plan)

@@ -60,6 +60,7 @@ class LayerShape:
     topk_group: int
     scaling: float
     eps: float = 1e-6
+    mscale: float = 1.0  # YaRN's attention factor on the softmax scale (ModelConfig.attention_mscale)
 
     @property
     def q_head(self) -> int:

@@ -145,7 +145,8 @@ def plan_mla(
         want = sum(q * q for q in q_lens)
         if tree_mask.numel() != want:
             raise ValueError(f"tree_mask: {tree_mask.numel()} entries, but the q_lens need {want} (sum of q_len^2)")
-        tree_mask = tree_mask.to(torch.bool)
+        # the kernels read it as flat contiguous bytes: a strided view would be misread
+        tree_mask = tree_mask.to(torch.bool, copy=True).contiguous()
         flat = tree_mask.cpu()
         off = 0
         for b, q in enumerate(q_lens):
@@ -160,7 +161,8 @@ def plan_mla(
         raise ValueError(f"plan tensors are on several devices: {sorted(map(str, devices))}")
     if not sm_scale > 0 or logit_cap < 0:
         raise ValueError(f"sm_scale must be > 0 and logit_cap >= 0, got {sm_scale}, {logit_cap}")
-    as32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+    # copies: the plan's checks hold for what it keeps, whatever the caller does with its own
+    as32 = lambda t: t.to(torch.int32, copy=True).contiguous()  # noqa: E731
     return MLAPlan(as32(qo_indptr), as32(kv_indptr), as32(kv_indices), as32(prefix_lens), tree_mask, mask_indptr,
                    int(page_size), int(num_pages), float(sm_scale), float(logit_cap), tuple(q_lens), tuple(pl))
 
@@ -200,13 +202,16 @@ def mla_cost(plan: MLAPlan, num_heads: int, elem_bytes: int) -> tuple[int, int]:
     """(bytes, FLOPs) of one call: the floor a kernel is measured against.
 
     Bytes: the prefix latents read once (total_prefix x 576), the new tokens' latents, q
-    and out, and the page indices (int32). FLOPs: q.k over 576 channels and p.v over 512
+    and out, the page indices and per-request vectors (int32: two indptrs of B + 1 and the
+    B prefix lengths), and a tree mask with its offsets when there is one. FLOPs: q.k over 576 channels and p.v over 512
     for every (query, head, visible-or-not key) pair: 2 x T x H x L x (576 + 512), L the
     request's prefix + q_len.
     """
     t, h = plan.total_q, num_heads
     nbytes = elem_bytes * (plan.total_prefix * HEAD_DIM + t * HEAD_DIM + t * h * (HEAD_DIM + KV_LORA_RANK))
-    nbytes += 4 * (len(plan.kv_indices) + 3 * (plan.batch + 1))
+    nbytes += 4 * (len(plan.kv_indices) + 3 * plan.batch + 2)
+    if plan.tree_mask is not None:
+        nbytes += plan.tree_mask.numel() + 4 * (plan.batch + 1)
     flops = sum(2 * q * h * (p + q) * (HEAD_DIM + KV_LORA_RANK) for q, p in zip(plan.q_lens, plan.prefix_lens_host))
     return int(nbytes), int(flops)
 

@@ -157,6 +157,8 @@ class Case:
         "fp16": (2e-3, 2e-3),
         "bf16": (1.6e-2, 1.6e-2),
     }
+    #: Bounds on the whole output's relative L2 error per dtype name (none: elementwise only).
+    norm_tolerances: ClassVar[Mapping[str, float]] = {}
     #: Set on calibration cases: which ceiling their best OK result measures.
     ceiling: ClassVar[str | None] = None
     #: Timing mode forced by the case (e.g. the launch floor is back-to-back by nature).
@@ -265,6 +267,12 @@ class Case:
 
     def tolerance(self, point: Point) -> tuple[float, float]:
         return self.tolerances[str(point.get("dtype", "fp32"))]
+
+    def gate_tolerances(self, point: Point) -> dict[str, Any]:
+        """The gate's keyword arguments at ``point``: ``atol``, ``rtol`` (:meth:`tolerance`)
+        and ``norm_tol`` (from :attr:`norm_tolerances`, None where it has no entry)."""
+        atol, rtol = self.tolerance(point)
+        return {"atol": atol, "rtol": rtol, "norm_tol": self.norm_tolerances.get(str(point.get("dtype", "fp32")))}
 
     def signature(self) -> str:
         """The variant signature, for ``microbench list --case`` (subclasses describe shapes)."""

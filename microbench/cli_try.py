@@ -45,9 +45,9 @@ def _check_small(case: Any, variant: Any, device: str, seed: int) -> list[tuple[
             continue
         s = point_seed(seed, case.id, point)
         w = case.setup(point, device, s)
-        atol, rtol = case.tolerance(point)
         try:
-            gate = check_variant(variant.fn, w.inputs, w.outputs, case.reference(w), atol=atol, rtol=rtol, seed=s)
+            gate = check_variant(variant.fn, w.inputs, w.outputs, case.reference(w), **case.gate_tolerances(point),
+                                 seed=s)
             out.append((point, f"{point_label(point)} seed {s}: {gate.summary()}", gate.passed))
         except UserCodeError as e:
             out.append((point, f"{point_label(point)} seed {s}: {e}", False))

@@ -5,6 +5,13 @@ For each variant, at the case's own shape: fresh seeded random inputs, outputs p
 wrote fails, one call, then every output compared in fp32 with the reference. NaN or Inf
 in the output fails whatever the tolerance. A failure explains itself: how many elements
 are off, the worst one (index, got, want), the max abs and rel error.
+
+Beside the elementwise bound ``|got - want| <= atol + rtol |want|``, a case may bound the
+whole output's relative L2 error, ``||got - want|| / ||want||`` (``norm_tol``). The
+elementwise bound must leave room for the worst element's rounding, so its ``atol`` is a
+few ulps of the output's largest values; where most values are much smaller (attention
+over a long context averages many keys), a wrong key moves them by less than that, and
+only the norm of the whole error sees it.
 """
 
 from __future__ import annotations
@@ -37,19 +44,30 @@ class MismatchReport:
     worst_got: float | None = None
     worst_want: float | None = None
     error: str | None = None  # shape / dtype problems
+    rel_l2: float = 0.0  # ||got - want|| / ||want|| over the finite elements (floating point)
+    norm_tol: float | None = None  # the bound on rel_l2, when the case sets one
+
+    @property
+    def norm_failed(self) -> bool:
+        return self.norm_tol is not None and not self.rel_l2 <= self.norm_tol
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.mismatched == 0 and self.nan == 0 and self.inf == 0
+        return (self.error is None and self.mismatched == 0 and self.nan == 0 and self.inf == 0
+                and not self.norm_failed)
 
     def __str__(self) -> str:
         if self.error:
             return f"{self.name}: {self.error}"
+        norm = f", relative L2 {self.rel_l2:.3g}" if self.norm_tol is not None else ""
         if self.passed:
-            return f"{self.name}: ok (max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g})"
-        parts = [f"{self.name} {tuple(self.shape)} {self.dtype}: {self.mismatched}/{self.numel} elements off"]
+            return f"{self.name}: ok (max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}{norm})"
+        parts = [f"{self.mismatched}/{self.numel} elements off"] if self.mismatched or not self.norm_failed else []
         if self.nan or self.inf:
             parts.append(f"{self.nan} NaN, {self.inf} Inf")
+        if self.norm_failed:
+            parts.append(f"relative L2 error {self.rel_l2:.3g} over the whole output (bound {self.norm_tol:g})")
+        parts[0] = f"{self.name} {tuple(self.shape)} {self.dtype}: {parts[0]}"
         if self.worst_index is not None:
             parts.append(f"worst at {tuple(self.worst_index)}: got {self.worst_got:.6g}, want {self.worst_want:.6g}")
         parts.append(f"max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g} (atol {self.atol:g}, rtol {self.rtol:g})")
@@ -97,8 +115,10 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def compare(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, name: str = "out") -> MismatchReport:
-    """Compare ``got`` with ``want`` elementwise in fp32: |got - want| <= atol + rtol*|want|.
+def compare(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, name: str = "out",
+            norm_tol: float | None = None) -> MismatchReport:
+    """Compare ``got`` with ``want`` elementwise in fp32: |got - want| <= atol + rtol*|want|,
+    and, with ``norm_tol``, the whole output: ||got - want|| / ||want|| <= norm_tol.
 
     Integer and bool outputs must match exactly, whatever the reference's dtype. Complex
     outputs are compared as their [..., 2] view of (real, imaginary) parts, each part with
@@ -106,6 +126,7 @@ def compare(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, 
     NaN in ``want`` means a broken reference and is reported as such).
     """
     rep = MismatchReport(name, list(got.shape), str(got.dtype).replace("torch.", ""), got.numel(), atol, rtol)
+    rep.norm_tol = norm_tol
     if tuple(got.shape) != tuple(want.shape):
         rep.error = f"shape {tuple(got.shape)} but the reference has {tuple(want.shape)}"
         return rep
@@ -134,6 +155,9 @@ def compare(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, 
         d = torch.where(finite, diff, torch.zeros_like(diff))
         rep.max_abs = float(d.max())
         rep.max_rel = float((d / w.abs().clamp_min(1e-12)).max())
+        if not exact:
+            err, ref = (torch.linalg.vector_norm(x, dtype=torch.float64) for x in (d, w))
+            rep.rel_l2 = float(err / ref) if ref > 0 else (0.0 if err == 0 else float("inf"))
         # worst = the element furthest past its bound; non-finite ones first
         excess = torch.where(finite, diff - bound, torch.full_like(diff, float("inf")))
         flat = int(torch.argmax(excess))
@@ -154,6 +178,7 @@ def check_variant(
     atol: float,
     rtol: float,
     seed: int,
+    norm_tol: float | None = None,
 ) -> GateResult:
     """Poison ``outputs``, call ``fn(**inputs, **outputs)`` once, compare with ``expected``.
 
@@ -181,7 +206,7 @@ def check_variant(
         if name not in got:
             reports.append(MismatchReport(name, list(want.shape), "-", want.numel(), atol, rtol, error="not produced"))
             continue
-        reports.append(compare(got[name], want, atol=atol, rtol=rtol, name=name))
+        reports.append(compare(got[name], want, atol=atol, rtol=rtol, name=name, norm_tol=norm_tol))
     return GateResult(passed=all(r.passed for r in reports), seed=seed, reports=reports)
 
 

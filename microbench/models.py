@@ -18,6 +18,7 @@ config is a :class:`ConfigError` whose one-line message names the file and the k
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -365,11 +366,19 @@ class ModelConfig:
     rms_norm_eps: float
     quant: Quantization
     moe_layer_freq: int = 1
+    #: YaRN's attention factor, mscale(factor, mscale_all_dim)^2 (1.0 without YaRN scaling)
+    attention_mscale: float = 1.0
 
     @property
     def qk_head_dim(self) -> int:
         """Query/key head width: ``qk_nope_head_dim + qk_rope_head_dim`` (192)."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """The attention logits' scale: ``qk_head_dim ** -0.5`` times YaRN's
+        ``attention_mscale`` (HF DeepseekV3Attention; Kimi-K2.5: 0.0722 x 2.005 = 0.1447)."""
+        return self.qk_head_dim ** -0.5 * self.attention_mscale
 
     @property
     def kv_cache_dim(self) -> int:
@@ -419,6 +428,7 @@ class ModelConfig:
             rms_norm_eps=_float(text, "rms_norm_eps", label),
             quant=_quantization(top, text, nested, label),
             moe_layer_freq=_int(text, "moe_layer_freq", label) if "moe_layer_freq" in text else 1,
+            attention_mscale=_yarn_mscale(text, label),
             **sizes,
         )
         model._check(label)
@@ -433,6 +443,25 @@ class ModelConfig:
         if self.n_routed_experts % self.n_group:
             raise ConfigError(f"{label}: n_group={self.n_group} does not divide "
                               f"n_routed_experts={self.n_routed_experts}")
+
+
+def _yarn_mscale(text: Mapping[str, Any], label: str) -> float:
+    """``mscale^2`` with ``mscale = 0.1 * mscale_all_dim * ln(factor) + 1`` when
+    ``rope_scaling`` is YaRN with a factor above 1 and a non-zero ``mscale_all_dim`` (how
+    DeepSeek-V3 sharpens its softmax for the extended context), else 1."""
+    rs = text.get("rope_scaling")
+    if rs is None:
+        return 1.0
+    if not isinstance(rs, Mapping):
+        raise ConfigError(f"{label}: key 'rope_scaling' must be an object or null")
+    if rs.get("type", rs.get("rope_type")) != "yarn":
+        return 1.0
+    factor, all_dim = _float(rs, "factor", f"{label}: rope_scaling"), rs.get("mscale_all_dim", 0)
+    if isinstance(all_dim, bool) or not isinstance(all_dim, (int, float)) or all_dim < 0:
+        raise ConfigError(f"{label}: rope_scaling key 'mscale_all_dim' must be a number >= 0, got {all_dim!r}")
+    if factor <= 1 or not all_dim:
+        return 1.0
+    return (0.1 * all_dim * math.log(factor) + 1.0) ** 2
 
 
 def list_models() -> list[str]:

@@ -196,8 +196,7 @@ class Runner:
             try:
                 w = case.setup(point, dev, seed)
                 expected = case.reference(w)
-                atol, rtol = case.tolerance(point)
-                gate = check_variant(v.fn, w.inputs, w.outputs, expected, atol=atol, rtol=rtol, seed=seed)
+                gate = check_variant(v.fn, w.inputs, w.outputs, expected, **case.gate_tolerances(point), seed=seed)
                 base = dict(correctness=gate.to_dict(), bytes=w.cost.bytes, flops=w.cost.flops, facts=w.facts or None,
                             **extra)
                 outcome = {"error": None, "passed": gate.passed, "wrong": gate.wrong, "summary": gate.summary()}

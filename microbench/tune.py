@@ -43,9 +43,9 @@ class Trial:
                  label: str = "") -> float | None:
         """The candidate's median seconds per call, or ``None`` when it is incorrect or fails."""
         self.count += 1
-        atol, rtol = self.case.tolerance(self.point)
         try:
-            gate = check_variant(fn, w.inputs, w.outputs, expected, atol=atol, rtol=rtol, seed=self.seed)
+            gate = check_variant(fn, w.inputs, w.outputs, expected, **self.case.gate_tolerances(self.point),
+                                 seed=self.seed)
             if not gate.passed:
                 self.rejected += 1
                 self.log(f"    {label}: incorrect: {gate.summary()}")

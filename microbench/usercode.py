@@ -139,7 +139,7 @@ class WithVariant(Case):
         if any(v.name == extra.name for v in inner.variants()):
             raise UserCodeError(f"variant name {extra.name!r} is taken in {inner.id}: pass --name")
         self.inner, self.extra = inner, extra
-        for attr in ("id", "title", "baseline", "order", "tolerances", "ceiling", "timing_mode", "distributed",
+        for attr in ("id", "title", "baseline", "order", "tolerances", "norm_tolerances", "ceiling", "timing_mode", "distributed",
                      "profile_calls", "scaffold_from"):
             setattr(self, attr, getattr(inner, attr))
 

@@ -366,7 +366,7 @@ def test_a_batch_puts_each_requests_new_tokens_after_its_context_in_fresh_pages(
     assert b.slots.tolist() == list(range(10, 16)) and b.kv_cache.shape[:2] == (16, 1)
     pages = b.plan.kv_indices.tolist()
     assert sorted(pages) == list(range(10)) and pages != list(range(10))  # the prefix pages, shuffled
-    assert b.plan.sm_scale == pytest.approx(1 / math.sqrt(MINI.q_head))
+    assert b.plan.sm_scale == pytest.approx(2.0 / math.sqrt(MINI.q_head))  # YaRN-sharpened, as in Kimi-K2.5
     assert float(b.kv_cache.std()) > 0.5
 
 

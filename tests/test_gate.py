@@ -23,6 +23,28 @@ def test_compare_passes_close_and_reports_worst_element():
     assert "2/20 elements off" in text and "worst at (2, 3)" in text
 
 
+def test_the_norm_bound_sees_a_small_error_spread_over_the_whole_output():
+    # every element 1% off its value: within 2e-2 elementwise, but 1e-2 relative L2
+    want = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    got = want * 1.01
+    assert compare(got, want, atol=2e-2, rtol=2e-2).passed
+    rep = compare(got, want, atol=2e-2, rtol=2e-2, norm_tol=5e-3)
+    assert not rep.passed and rep.mismatched == 0 and rep.rel_l2 == pytest.approx(1e-2, rel=1e-4)
+    assert str(rep) == ("out (1000,) float32: relative L2 error 0.01 over the whole output (bound 0.005); "
+                        f"max abs {rep.max_abs:.3g}, max rel 0.01 (atol 0.02, rtol 0.02)")
+    ok = compare(got, want, atol=2e-2, rtol=2e-2, norm_tol=2e-2)
+    assert ok.passed and str(ok).endswith("relative L2 0.01)")
+    # both kinds of failure are named together
+    got[3] += 5
+    assert str(compare(got, want, atol=2e-2, rtol=2e-2, norm_tol=5e-3)).startswith(
+        "out (1000,) float32: 1/1000 elements off; relative L2 error")
+    # a zero reference: any error is an infinite relative one; none is none
+    assert compare(torch.zeros(3), torch.zeros(3), atol=0, rtol=0, norm_tol=1e-9).passed
+    assert not compare(torch.full((3,), 1e-9), torch.zeros(3), atol=1, rtol=0, norm_tol=1e-9).passed
+    # integers are exact already: no norm
+    assert compare(torch.tensor([1, 2]), torch.tensor([1, 2]), atol=0, rtol=0, norm_tol=0.0).passed
+
+
 def test_nan_and_inf_always_fail():
     want = torch.randn(10)
     got = want.clone()

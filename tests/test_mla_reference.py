@@ -110,17 +110,32 @@ def test_cost_counts_the_cache_once_and_every_head_pair():
     x = make_mla_inputs([4], [1000], heads=8, page_size=64, dtype=torch.bfloat16, device="cpu", seed=6)
     nbytes, flops = mla_cost(x.plan, 8, 2)
     assert nbytes >= 2 * 1000 * 576 and nbytes < 2 * 1000 * 576 * 1.1
-    # the prefix, the new latents, q and out; 16 page ids and the three per-request vectors
-    assert nbytes == 2 * (1000 * 576 + 4 * 576 + 4 * 8 * (576 + 512)) + 4 * (16 + 3 * 2)
+    # the prefix, the new latents, q and out; 16 page ids, two indptrs of 2 and one prefix length
+    assert nbytes == 2 * (1000 * 576 + 4 * 576 + 4 * 8 * (576 + 512)) + 4 * (16 + 2 * 2 + 1)
     assert flops == 2 * 4 * 8 * 1004 * (576 + 512)
     assert pack_tree_masks([torch.ones(2, 2, dtype=torch.bool)]).shape == (4,)
-    assert math.isclose(x.plan.sm_scale, 1 / math.sqrt(192))
+    # Kimi-K2.5's: 192^-0.5 x (0.1 ln 64 + 1)^2, YaRN's factor for its 64x longer context
+    assert math.isclose(x.plan.sm_scale, (0.1 * math.log(64) + 1) ** 2 / math.sqrt(192))
 
 
 def test_plan_keeps_a_tree_mask_as_bool_with_offsets_per_request():
     p = plan_mla(**_plan_args(tree_mask=torch.ones(13, dtype=torch.int32)))
     assert p.tree_mask.dtype == torch.bool
     assert p.mask_indptr.tolist() == [0, 4, 13]
+
+
+def test_the_plan_keeps_contiguous_copies_of_what_it_checked():
+    # the kernels read the mask as flat bytes: a strided view (every other entry of a
+    # longer mask) is kept as the values it shows; and the caller changing its own
+    # tensors afterwards does not change what the plan validated
+    wide = torch.zeros(26, dtype=torch.bool)
+    wide[::2] = torch.tensor([1, 0, 1, 1] + [1, 0, 0, 1, 1, 0, 1, 0, 1], dtype=torch.bool)
+    args = _plan_args(tree_mask=wide[::2])
+    p = plan_mla(**args)
+    assert p.tree_mask.is_contiguous() and p.tree_mask.tolist() == wide[::2].tolist()
+    args["kv_indices"][0] = 99
+    wide[0] = False
+    assert p.kv_indices.tolist() == [4, 0, 2] and bool(p.tree_mask[0])
 
 
 def test_inputs_scatter_random_pages_and_draw_distinct_values_and_trees():

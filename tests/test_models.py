@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 
@@ -261,6 +262,38 @@ def test_fp8_blocks_count_partial_blocks_and_fp16_models_are_priced(deepseek: Mo
     raw["torch_dtype"] = "float16"
     q = ModelConfig.from_hf(raw, name="half").quant
     assert (q.routed_experts, q.routed_bits, q.matrix_bytes(4, 8)) == ("fp16", 16, 64)
+
+
+@pytest.mark.parametrize("name, factor", [("kimi-k2.5", 64), ("deepseek-v3", 40)])
+def test_softmax_scale_carries_yarns_attention_factor(name: str, factor: int) -> None:
+    # HF DeepseekV3Attention: 192^-0.5 x mscale^2, mscale = 0.1 x mscale_all_dim x ln(factor) + 1
+    m = load_model(name)
+    assert m.softmax_scale == pytest.approx((0.1 * math.log(factor) + 1) ** 2 / math.sqrt(192))
+
+
+@pytest.mark.parametrize("rope_scaling, expected", [
+    (None, 1.0),
+    ({"type": "linear", "factor": 4.0}, 1.0),  # only YaRN sharpens the softmax
+    ({"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 0}, 1.0),  # mscale_all_dim 0: no factor
+    ({"rope_type": "yarn", "factor": 1.0, "mscale_all_dim": 1.0}, 1.0),  # no extension, no factor
+    ({"type": "yarn", "factor": math.e, "mscale_all_dim": 0.5}, 1.05 ** 2),
+])
+def test_attention_mscale_cases(rope_scaling, expected: float) -> None:
+    raw = shipped_json("models", "kimi-k2.5")
+    raw["text_config"]["rope_scaling"] = rope_scaling
+    assert ModelConfig.from_hf(raw, name="k").attention_mscale == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("rope_scaling, pattern", [
+    ("yarn", r"key 'rope_scaling' must be an object or null"),
+    ({"type": "yarn", "mscale_all_dim": 1.0}, r"rope_scaling: missing key 'factor'|key 'factor'"),
+    ({"type": "yarn", "factor": 64, "mscale_all_dim": "one"}, r"'mscale_all_dim' must be a number >= 0"),
+])
+def test_bad_rope_scaling_is_named(rope_scaling, pattern: str) -> None:
+    raw = shipped_json("models", "kimi-k2.5")
+    raw["text_config"]["rope_scaling"] = rope_scaling
+    with pytest.raises(ConfigError, match=pattern):
+        ModelConfig.from_hf(raw, name="k")
 
 
 def test_invalid_json_file(tmp_path) -> None:

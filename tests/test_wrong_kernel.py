@@ -51,8 +51,8 @@ def _gate(kernel):
     case = RMSNormCase()
     point = {"tokens": 3, "norm": "kv_a", "dtype": "fp32"}
     w = case.setup(point, DEVICE, seed=11)
-    atol, rtol = case.tolerance(point)
-    return check_variant(_launcher(kernel), w.inputs, w.outputs, case.reference(w), atol=atol, rtol=rtol, seed=11)
+    return check_variant(_launcher(kernel), w.inputs, w.outputs, case.reference(w), **case.gate_tolerances(point),
+                         seed=11)
 
 
 def test_off_by_one_mask_is_rejected_by_the_poison():
@@ -85,3 +85,29 @@ def test_a_wrong_variant_in_a_run_is_failed_and_not_timed(monkeypatch):
     opts = RunOptions(suite="smoke", device=DEVICE, variants=["wrong"], probe=False)
     (rec,) = Runner(opts, None, progress=lambda _: None).run(plan([case], opts))
     assert rec["status"] == "FAILED" and rec["timing"] is None and "NaN" in rec["reason"]
+
+
+def test_an_attention_kernel_a_little_off_everywhere_is_rejected_by_the_norm():
+    # a softmax normaliser 0.6% too large (say, one block's sum counted at a stale max)
+    # scales every output by 1/1.006: inside the elementwise bound, not inside the
+    # attention case's bound on the whole output's relative L2 error
+    from microbench.cases.mla import MLAVerifyCase
+    from microbench.kernels.mla_verify import mla_verify
+
+    def slightly_off(q, kv_new, kv_cache, plan, out):
+        mla_verify(q, kv_new, kv_cache, plan, out=out)
+        out.div_(1.006)
+
+    case = MLAVerifyCase()
+    point = {"batch": 1, "draft_tokens": 4, "context": 65, "page": 64, "dtype": "fp16"}
+    w = case.setup(point, DEVICE, seed=3)
+    tol = case.gate_tolerances(point)
+    g = check_variant(slightly_off, w.inputs, w.outputs, case.reference(w), **tol, seed=3)
+    (rep,) = g.reports
+    assert not g.passed and rep.mismatched == 0 and rep.rel_l2 > tol["norm_tol"]
+    assert "relative L2 error" in g.summary()
+    elementwise = check_variant(slightly_off, w.inputs, w.outputs, case.reference(w), **{**tol, "norm_tol": None},
+                                seed=3)
+    assert elementwise.passed  # what the gate would have said without the norm
+    right = check_variant(lambda **kw: mla_verify(**kw), w.inputs, w.outputs, case.reference(w), **tol, seed=3)
+    assert right.passed and right.reports[0].rel_l2 < tol["norm_tol"] / 4
