@@ -228,16 +228,17 @@ class Runner:
                 profiled[v.name] = functools.partial(v.fn, **w.kwargs())
         clocks = None
         if ready:
-            before = probe.measure_probe(dev, o.cache_bytes) if o.probe else None
+            before, probe_note = self._probe(dev)
             with ClockSampler(_device_index(dev)) as sampler:
                 measured = self._time(ready, dev, timing, recs, world)
             clocks = sampler.result()
-            env_probe = probe.pool(before, probe.measure_probe(dev, o.cache_bytes)) if before else None
+            after, after_note = self._probe(dev) if before else (None, None)
+            env_probe, probe_note = (probe.pool(before, after) if after else None), probe_note or after_note
             attached = cupti_note() if _profiles(dev) else None
             for v, m in measured.items():
                 r = recs[v]
                 r["timing"], r["clocks"], r["probe"] = m.to_dict(), clocks, env_probe
-                r["timing"]["notes"] += [n for n in (notes.get(v), attached) if n]
+                r["timing"]["notes"] += [n for n in (notes.get(v), attached, probe_note) if n]
                 r["timing"]["interleaved"] = o.interleave and len(measured) > 1
                 if cut:
                     r["timing"]["budget_s"] = timing.budget_s
@@ -250,6 +251,18 @@ class Runner:
         out = [recs[v.name] for v in variants if v.name in recs]
         self._update_ceilings(case, out)
         return out
+
+    def _probe(self, dev: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The environment probe (None when the run takes none) and, when it failed (say,
+        out of memory beside the point's inputs), a note saying so: the point keeps its
+        timings, without a probe."""
+        if not self.opts.probe:
+            return None, None
+        try:
+            return probe.measure_probe(dev, self.opts.cache_bytes), None
+        except Exception as e:  # noqa: BLE001 - the probe is context; the timings stand without it
+            free_cached_memory(dev)
+            return None, f"environment probe failed ({error_text(e)}): no probe for this point"
 
     def _time(self, ready, dev, timing, recs, world=None) -> dict[str, Measurement]:
         """Time the variants that passed the gate; on several ranks, in lock step, each
@@ -288,9 +301,16 @@ class Runner:
             recs[name]["ranks"] = [{"rank": r, "median_s": meds[i]} for r, meds in enumerate(every)]
 
     def _vs_baseline(self, case: Case, recs: dict[str, dict], measured: Any = None) -> None:
-        """Each OK variant's ratio to the baseline, from the (pooled) samples of the records."""
+        """Each OK variant's ratio to the baseline, from the (pooled) samples of the records;
+        none for a record that is not OK, nor for any when the baseline is not (a verdict
+        an earlier pass gave is taken back when a later one fails)."""
+        for r in recs.values():
+            if r["status"] != "OK":
+                r.pop("vs_baseline", None)
         base = recs.get(case.baseline)
         if base is None or base["status"] != "OK" or not base.get("timing"):
+            for r in recs.values():
+                r.pop("vs_baseline", None)
             return
         bt = base["timing"]
         for name, r in recs.items():
@@ -329,8 +349,16 @@ class Runner:
             self.progress(f"[{i + 1}/{total}]{tag} {case.id} {point_label(point)}{cut}")
             if case.distributed and self.no_world:
                 recs = self._skipped(case, point, self.no_world)
-            else:
+            elif case.distributed:  # on every rank in lock step: a rank may not leave it alone
                 recs = self.run_point(case, point, budget)
+            else:
+                try:
+                    recs = self.run_point(case, point, budget)
+                except Exception as e:  # noqa: BLE001 - outside any variant's guard: the run goes on
+                    free_cached_memory(self.opts.device)
+                    recs = [_record(case, point, v.name, self.opts.device, "FAILED",
+                                    reason=f"the point failed outside its variants: {error_text(e)}")
+                            for v in case.variants() if not self.opts.variants or v.name in self.opts.variants]
             pace.done(recs)
             if k == 0:
                 kept[i] = recs
@@ -425,7 +453,8 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
         t.setdefault("stop_reasons", [t["stop_reason"]]).append(nt["stop_reason"])
         t["stop_reason"] = nt["stop_reason"] if nt["stop_reason"] != "noise" else t["stop_reason"]
         if o.get("probe") and n.get("probe"):
-            o["probe"] = {**o["probe"], "samples_s": o["probe"]["samples_s"] + n["probe"]["samples_s"]}
+            pooled = o["probe"]["samples_s"] + n["probe"]["samples_s"]
+            o["probe"] = {**o["probe"], "samples_s": pooled, "median_s": stats.summarize(pooled).median}
         if n.get("clocks"):
             o.setdefault("clocks_passes", []).append(n["clocks"])
         if n.get("ranks"):

@@ -118,6 +118,17 @@ def lead_cycles(host_s: float) -> int:
     return int(min(_LEAD_MAX_CYCLES, max(_LEAD_MIN_CYCLES, want)))
 
 
+def lead_shortfall(host_s: float) -> str | None:
+    """The note a cold measurement carries when the call's host side outlasts the longest
+    spin (:func:`lead_cycles` capped it): the GPU may then idle between the start event
+    and the call's first kernel, and that wait is counted. None when the spin covers it."""
+    if host_s * _NOMINAL_CLOCK_HZ <= _LEAD_MAX_CYCLES:
+        return None
+    return (f"the call's host side ({host_s * 1e3:.1f} ms) outlasts the spin before the start event "
+            f"(at most {_LEAD_MAX_CYCLES / _NOMINAL_CLOCK_HZ * 1e3:.0f} ms): samples may include host time "
+            "(launch latency, or waits on the GPU inside the call); graph mode times the GPU work alone")
+
+
 _HOST_TRIES = 3
 
 
@@ -315,7 +326,9 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=Non
         flush, total = _flush_buffer(device, nbytes)
         # the flush alone (tens of µs) can be shorter than the call's host side: a spin
         # after it keeps the events on GPU time, the host's launch latency left out
-        lead = lead_cycles(_host_s(calls, sync, agreed, _HOST_TRIES))
+        host = _host_s(calls, sync, agreed, _HOST_TRIES)
+        lead = lead_cycles(host)
+        notes += [n for n in (lead_shortfall(host),) if n]
         warm += _HOST_TRIES
 
         def take() -> float:

@@ -305,6 +305,8 @@ def measure_interleaved(
     """Time several variants alternately (A B, B A, ...: see :func:`run_interleaved`) so
     drift hits all of them alike (``lockstep`` as for :func:`measure`)."""
     opts = options or TimingOptions()
+    if not call_sets or not all(call_sets):
+        raise ValueError("measure_interleaved needs at least one variant, each with at least one call")
     samplers = [_prepare(list(c), device, opts, cache_bytes, lockstep) for c in call_sets]
     if lockstep is not None:
         lockstep.begin()

@@ -55,6 +55,23 @@ def test_a_run_is_on_disk_before_it_finishes_and_marked_incomplete(tmp_path):
     assert load(w.path)["run"]["interrupted"] is True
 
 
+def test_result_files_keep_the_permissions_a_new_file_gets(tmp_path):
+    # a later write replaces the file with a temporary one, which starts private (0600)
+    old = os.umask(0o022)
+    try:
+        w = ResultWriter(str(tmp_path), {}, FP, min_interval_s=0.0)
+        w.add([_rec()])
+        w.flush()
+        assert os.stat(w.path).st_mode & 0o777 == 0o644
+        os.chmod(w.path, 0o640)  # and a mode the owner set stays
+        w.close(complete=True)
+        assert os.stat(w.path).st_mode & 0o777 == 0o640
+        write_atomic(str(tmp_path / "fresh.json"), {"a": 1})
+        assert os.stat(tmp_path / "fresh.json").st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+
+
 def test_flushes_are_rate_limited_but_close_always_writes(tmp_path):
     w = ResultWriter(str(tmp_path), {}, FP, min_interval_s=3600.0)  # the creating write started the window
     w.add([_rec()])

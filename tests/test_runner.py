@@ -11,6 +11,12 @@ from microbench.timing import TimingOptions
 
 from .helpers import Scaled
 
+
+def _median(xs):
+    from microbench.stats import summarize
+
+    return summarize(xs).median
+
 FAST = TimingOptions(budget_s=0.3, max_noise=0.005)
 
 
@@ -47,6 +53,75 @@ def test_a_raising_variant_is_recorded_and_the_run_goes_on():
     assert [r["status"] for r in _by(recs, "oom")] == ["FAILED", "FAILED"]
     assert "out of memory" in _by(recs, "oom")[0]["reason"]
     assert [r["status"] for r in _by(recs, "base")] == ["OK", "OK"]
+
+
+def test_a_probe_that_fails_costs_the_point_its_probe_only(monkeypatch, tmp_path):
+    # the probe after a point runs while the point's inputs are still held: out of memory
+    # there loses no timing, and the run goes on to the next point
+    from microbench import probe
+
+    real, calls = probe.measure_probe, []
+
+    def flaky(dev, cache_bytes=None):
+        calls.append(dev)
+        if len(calls) == 2:  # the first point's probe after its timing
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(dev, cache_bytes)
+
+    monkeypatch.setattr(probe, "measure_probe", flaky)
+    recs, w = _run(Scaled(), tmp_path, variants=["base"], timing=TimingOptions(budget_s=0.05))
+    first, second = recs
+    assert first["status"] == second["status"] == "OK" and first["probe"] is None and second["probe"]
+    (note,) = [n for n in first["timing"]["notes"] if "probe" in n]
+    assert note.startswith("environment probe failed (RuntimeError: CUDA out of memory")
+    assert len(load(w.path)["records"]) == 2
+
+
+def test_an_error_outside_every_variant_fails_the_point_and_the_run_goes_on(monkeypatch):
+    calls = []
+    real = Runner._floor
+
+    def broken(self, r):
+        calls.append(r["axes"]["n"])
+        if len(calls) == 1:
+            raise ZeroDivisionError("float division by zero")
+        return real(self, r)
+
+    monkeypatch.setattr(Runner, "_floor", broken)
+    recs, _ = _run(Scaled(), variants=["base"], timing=TimingOptions(budget_s=0.05))
+    first, second = recs
+    assert first["status"] == "FAILED" and first["reason"] == (
+        "the point failed outside its variants: ZeroDivisionError: float division by zero")
+    assert second["status"] == "OK"
+
+
+def test_a_baseline_that_fails_in_a_later_pass_takes_back_the_verdicts():
+    case = Scaled(reps=30, other_reps=60)
+    work, passes = case._work, {"n": 0}
+
+    def base(a, b, c):
+        if passes["n"] >= 1:
+            raise RuntimeError("broke in pass 2")
+        work(30)(a, b, c)
+
+    from microbench.case import Variant
+
+    case.variants = lambda: [Variant("base", base, devices=("cpu",)), Variant("other", work(60), devices=("cpu",))]
+    opts = RunOptions(suite="smoke", device="cpu", timing=TimingOptions(budget_s=0.05), repeat=2, probe=False,
+                      axis_picks={"n": ["32"]})
+    runner = Runner(opts, None, progress=lambda _: None)
+    point = runner.run_point
+
+    def counted(*a, **kw):
+        out = point(*a, **kw)
+        passes["n"] += 1
+        return out
+
+    runner.run_point = counted
+    base_rec, other = runner.run(plan([case], opts))
+    assert base_rec["status"] == "FAILED" and base_rec["reason"].startswith("pass 2: ")
+    assert other["status"] == "OK" and len(other["timing"]["passes"]) == 2
+    assert "vs_baseline" not in base_rec and "vs_baseline" not in other  # pass 1's verdict, on pass 1's samples
 
 
 def test_records_carry_seed_stats_floor_and_probe():
@@ -163,6 +238,8 @@ def test_passes_pool_samples_and_keep_their_boundaries():
         t = r["timing"]
         assert len(t["passes"]) == 3 and sum(t["passes"]) == len(t["samples_s"]) == t["summary"]["count"]
         assert len(t["stop_reasons"]) == 3
+        # the probe's samples pool like the variants', its median with them
+        assert r["probe"]["median_s"] == _median(r["probe"]["samples_s"])
     assert _by(recs, "other")[0]["vs_baseline"] is not None
 
 

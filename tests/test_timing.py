@@ -256,6 +256,12 @@ def test_the_spin_before_a_start_event_outlasts_the_calls_host_side():
     assert lead_cycles(0.0) == _LEAD_MIN_CYCLES == 200_000  # ~100 µs at 2 GHz, whatever the call
     assert lead_cycles(1e-3) == 4_000_000  # twice a 1 ms host side at 2 GHz
     assert lead_cycles(60.0) == _LEAD_MAX_CYCLES  # a call that waits on the GPU: capped
+    # and the measurement says so once the capped spin (10 ms) no longer covers the host side
+    from microbench.samplers import lead_shortfall
+
+    assert lead_shortfall(0.004) is None and lead_shortfall(0.010) is None
+    assert lead_shortfall(0.0125).startswith("the call's host side (12.5 ms) outlasts the spin before the start "
+                                             "event (at most 10 ms)")
     syncs: list[int] = []
     calls = [lambda: time.sleep(0.002), lambda: None]
     t = _host_s(calls, lambda: syncs.append(1), agreed=lambda x: 2 * x)
