@@ -213,6 +213,18 @@ class _AllReduce(Case):
         m = w.meta
         return {"out": allreduce_ref(m["count"], m["world"], m["seed"], m["dtype"], str(w.inputs["x"].device))}
 
+    def reference_for(self, w: Workload, variant: Variant) -> Mapping[str, Any]:
+        """The sum, returned; and where the variant's placement says it lands: in place, in
+        ``x`` too; out of place, not in ``x``, which keeps the rank's own input (a copy of
+        it taken now, before the call). A variant that names no placement: the sum alone."""
+        ref = dict(self.reference(w))
+        placement = variant.tags.get("placement")
+        if placement == "in-place":
+            ref["x"] = ref["out"]
+        elif placement == "out-of-place":
+            ref["x"] = w.inputs["x"].float()  # a new fp32 tensor: the input as it is before the call
+        return ref
+
     def derive(self, records: Sequence[dict[str, Any]]) -> None:
         """A torch-oop time at world size 1 says what it is: mostly a copy (see the module docstring)."""
         for r in records:

@@ -49,7 +49,7 @@ def bench_case(benchmark: Any, case: Case, point: Point, variant: str, *, device
         solo_world(device)
     s = point_seed(seed, case.id, point)
     w = case.setup(point, device, s)
-    gate = check_variant(v.fn, w.inputs, w.outputs, case.reference(w), **case.gate_tolerances(point), seed=s)
+    gate = check_variant(v.fn, w.inputs, w.outputs, case.reference_for(w, v), **case.gate_tolerances(point), seed=s)
     if not gate.passed:
         raise GateFailure(f"{case.id} {point} {variant}: {gate.summary()}")
     info: dict[str, Any] = {"case": case.id, "axes": dict(point), "variant": variant, "device": device,

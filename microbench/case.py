@@ -265,6 +265,11 @@ class Case:
         (only for cases whose call writes nothing, like the launch floor)."""
         raise NotImplementedError
 
+    def reference_for(self, workload: Workload, variant: Variant) -> Mapping[str, Any]:
+        """What ``variant`` must produce on ``workload``: :meth:`reference`, unless a case
+        checks more of some variants (say, where the result lands: in place or not)."""
+        return self.reference(workload)
+
     def tolerance(self, point: Point) -> tuple[float, float]:
         return self.tolerances[str(point.get("dtype", "fp32"))]
 

@@ -274,6 +274,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     kind = "cuda" if device.startswith("cuda") else "cpu"
     multi = [c for c in cases if c.distributed and (not variants or any(v.name in variants for v in c.variants()))]
     nproc = default_nproc(a, device)
+    if not 0 < a.dist_timeout < float("inf"):
+        raise UsageError(f"--dist-timeout {a.dist_timeout:g}: must be a positive number of seconds")
     if multi:
         try:
             distributed.check_backend(a.backend, kind)

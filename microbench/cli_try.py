@@ -46,7 +46,7 @@ def _check_small(case: Any, variant: Any, device: str, seed: int) -> list[tuple[
         s = point_seed(seed, case.id, point)
         w = case.setup(point, device, s)
         try:
-            gate = check_variant(variant.fn, w.inputs, w.outputs, case.reference(w), **case.gate_tolerances(point),
+            gate = check_variant(variant.fn, w.inputs, w.outputs, case.reference_for(w, variant), **case.gate_tolerances(point),
                                  seed=s)
             out.append((point, f"{point_label(point)} seed {s}: {gate.summary()}", gate.passed))
         except UserCodeError as e:

@@ -141,14 +141,18 @@ class World:
     def agree(self, tag: str, payload: Any, timeout_s: float | None = None) -> list[Any]:
         """Every rank's ``payload`` (JSON-able), in rank order. Every rank must call this the
         same number of times in the same order; a rank that does not post within the
-        timeout makes this rank stop (:meth:`fatal`), naming the missing ranks."""
+        timeout makes this rank stop (:meth:`fatal`), naming the missing ranks.
+
+        The default wait outlasts the process group's own timeout (x 1.5, + 10 s): a peer
+        stuck in a collective this rank never entered times out there first and brings its
+        error here, beside this rank's, instead of both giving up at once."""
         self._seq += 1
         if self.size == 1:
             return [json.loads(json.dumps(payload))]
         prefix = f"microbench/{self._seq}/"
         self.store.set(prefix + str(self.rank), json.dumps(payload))
         keys = [prefix + str(r) for r in range(self.size)]
-        wait = _dt.timedelta(seconds=timeout_s or self.timeout_s)
+        wait = _dt.timedelta(seconds=timeout_s or 1.5 * self.timeout_s + 10.0)
         try:
             self.store.wait(keys, wait)
         except Exception:  # noqa: BLE001 - a timeout or a store that went away with its host
@@ -156,8 +160,9 @@ class World:
                 missing = [str(r) for r in range(self.size) if not self.store.check([keys[r]])]
             except Exception:  # noqa: BLE001
                 missing = ["?"]
+            own = payload.get("error") if isinstance(payload, dict) else None
             self.fatal(f"rank(s) {', '.join(missing)} did not reach '{tag}' within {wait.total_seconds():.0f} s "
-                       f"(lost or stuck)")
+                       f"(lost or stuck)" + (f"; this rank's own error: {own}" if own else ""))
         return [json.loads(self.store.get(k)) for k in keys]
 
     def lockstep(self) -> "Lockstep":

@@ -72,7 +72,10 @@ def agreed_outcome(world: Any, tag: str, outcome: dict[str, Any]) -> dict[str, A
     lost = [(r, o) for r, o in errors if o.get("dist")] if len(every) > 1 else []
     if lost:
         r, o = lost[0]
-        world.fatal(f"{tag}: rank {r}: {o['error']}")
+        # a rank's own error is what a peer's timeout usually follows from: name it first
+        cause = [(c, x) for c, x in errors if not x.get("dist")]
+        first = f"rank {cause[0][0]}: {cause[0][1]['error']}, then " if cause else ""
+        world.fatal(f"{tag}: {first}rank {r}: {o['error']}")
     if errors:
         r, o = errors[0]
         where = "every rank" if len(errors) == len(every) else f"rank {r}"

@@ -193,9 +193,22 @@ class Runner:
                 recs[v.name] = _record(case, point, v.name, dev, "SKIPPED", reason=why, **extra)
                 continue
             t0 = time.perf_counter()
+            # set-up and reference first, agreed: on several ranks the call below holds a
+            # collective, which a rank that failed before it would leave the others waiting in
             try:
                 w = case.setup(point, dev, seed)
-                expected = case.reference(w)
+                expected = case.reference_for(w, v)
+                outcome = {"error": None}
+            except Exception as e:  # noqa: BLE001 - a failing variant must not stop the run
+                outcome = failure(e)
+                free_cached_memory(dev)
+            if world is not None:
+                outcome = agreed_outcome(world, f"{case.id} {v.name} set-up", outcome)
+            if outcome["error"]:
+                recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=outcome["error"],
+                                       traceback=outcome.get("traceback"), prep_s=time.perf_counter() - t0, **extra)
+                continue
+            try:
                 gate = check_variant(v.fn, w.inputs, w.outputs, expected, **case.gate_tolerances(point), seed=seed)
                 base = dict(correctness=gate.to_dict(), bytes=w.cost.bytes, flops=w.cost.flops, facts=w.facts or None,
                             **extra)

@@ -161,6 +161,9 @@ class WithVariant(Case):
     def reference(self, workload):
         return self.inner.reference(workload)
 
+    def reference_for(self, workload, variant):
+        return self.inner.reference_for(workload, variant)
+
     def tolerance(self, point):
         return self.inner.tolerance(point)
 

@@ -6,8 +6,10 @@ last rank in a chosen way, run through the harness's own runner (not the CLI).
 MODE: ``ok`` (a correct variant), ``wrong`` (the last rank's result is off by one in one
 element after the collective), ``raise-after`` (the last rank raises after the collective),
 ``exit`` (the last rank's process dies inside the gate's collective), ``exit0`` (it leaves
-with status 0, so torchrun does not stop the others: the timeout must). Rank 0 writes the
-result file into OUTDIR.
+with status 0, so torchrun does not stop the others: the timeout must), ``setup-raise`` (the
+last rank's set-up of the first point's second variant raises), ``out-of-place`` (the
+variant says it sums in place but returns a new tensor, leaving its input alone). Rank 0
+writes the result file into OUTDIR.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch.distributed as dist
 from microbench import distributed
 from microbench.case import Variant
 from microbench.cases.comm import AllReduceSweepCase
-from microbench.kernels.allreduce import torch_inplace
+from microbench.kernels.allreduce import torch_inplace, torch_outplace
 from microbench.results import ResultWriter
 from microbench.runner import RunOptions, Runner, plan
 from microbench.timing import TimingOptions
@@ -30,9 +32,17 @@ def main() -> int:
     mode, out = sys.argv[1], sys.argv[2]
     timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
 
+    setups = []
+
     class Misbehaving(AllReduceSweepCase):
         id = "test.misbehaving"
         baseline = "torch-ip"
+
+        def setup(self, point, device, seed):
+            setups.append(point)
+            if mode == "setup-raise" and len(setups) == 2 and dist.get_rank() == dist.get_world_size() - 1:
+                raise RuntimeError("set-up failed on the last rank")
+            return super().setup(point, device, seed)
 
         def variants(self):
             def odd(x, group):
@@ -41,6 +51,8 @@ def main() -> int:
                     os._exit(7)
                 if mode == "exit0" and last:
                     os._exit(0)  # a rank that quietly leaves: no launcher teardown, only timeouts help
+                if mode == "out-of-place":
+                    return torch_outplace(x, group)
                 torch_inplace(x, group)
                 if mode == "wrong" and last:
                     x[0] += 1

@@ -310,6 +310,8 @@ def test_symmetric_memory_a_world_of_one_cannot_set_up_is_skipped_with_its_error
     (["--backend", "mpi"], "unknown backend 'mpi'"),
     (["--backend", "nccl"], "backend nccl needs CUDA devices"),
     (["--nproc", "0"], "need at least one rank"),
+    (["--dist-timeout", "0"], "--dist-timeout 0: must be a positive number of seconds"),
+    (["--dist-timeout", "nan"], "--dist-timeout nan: must be a positive number of seconds"),
     (["--axis", "bytes=3"], "axis bytes=3: 3 bytes is not a positive multiple of the element size"),
     (["--axis", "bytes=lots"], "'lots' is not a size"),
 ])
@@ -440,12 +442,36 @@ def test_a_rank_with_a_wrong_sum_fails_the_variant_everywhere_and_the_run_goes_o
 
 
 @pytest.mark.multirank
+def test_a_variant_that_sums_out_of_place_under_an_in_place_tag_is_failed(tmp_path):
+    # the right sum, returned: but its input, which an in-place sum overwrites, still holds
+    # the rank's own values
+    p, _ = _worker("out-of-place", tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = _doc(tmp_path)["records"]
+    assert [r["status"] for r in recs] == ["OK", "FAILED", "OK", "FAILED"]
+    assert recs[1]["reason"].startswith("incorrect: rank 0: x (4,) bfloat16: 4/4 elements off")
+    assert [rep["name"] for rep in recs[1]["correctness"]["reports"]] == ["out", "x"]
+
+
+@pytest.mark.multirank
 def test_a_rank_that_raises_after_the_collective_fails_the_variant_not_the_run(tmp_path):
     p, _ = _worker("raise-after", tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     recs = _doc(tmp_path)["records"]
     assert [r["status"] for r in recs] == ["OK", "FAILED", "OK", "FAILED"]
     assert "rank 1: RuntimeError: raised after the collective" in recs[1]["reason"]
+
+
+@pytest.mark.multirank
+def test_a_rank_whose_set_up_fails_fails_the_variant_before_any_rank_enters_its_collective(tmp_path):
+    # the ranks agree on set-up before the call: the others never wait in a collective the
+    # failing rank will not enter (which would stop the run on their timeout)
+    p, elapsed = _worker("setup-raise", tmp_path, timeout_s=30)
+    assert p.returncode == 0 and elapsed < 30, p.stderr[-3000:]
+    doc = _doc(tmp_path)
+    assert doc["run"]["complete"] is True
+    assert [r["status"] for r in doc["records"]] == ["OK", "FAILED", "OK", "OK"]
+    assert doc["records"][1]["reason"] == "rank 1: RuntimeError: set-up failed on the last rank"
 
 
 @pytest.mark.multirank

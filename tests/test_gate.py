@@ -199,3 +199,21 @@ def test_an_integer_output_matches_a_float_reference_exactly():
     want = torch.tensor([3.0, 4.4, -2.0])
     assert compare(torch.tensor([3, 4, -2]), want, atol=0.5, rtol=0.5).mismatched == 1
     assert compare(torch.tensor([3, 4, -2]), torch.tensor([3.0, 4.0, -2.0]), atol=0, rtol=0).passed
+
+
+def test_one_tensor_under_two_names_with_one_expectation_is_counted_once():
+    # an in-place variant returns its input: "out" and "x" are one tensor, both meant to
+    # hold the sum; three wrong elements are three, not six
+    def in_place(x):
+        x.mul_(2)
+        x[:3] += 1
+        return x
+
+    want = torch.arange(8.0) * 2
+    g = check_variant(in_place, {"x": torch.arange(8.0)}, {}, {"out": want, "x": want.clone()}, atol=0, rtol=0, seed=0)
+    assert not g.passed and g.wrong == 3 and [r.name for r in g.reports] == ["out"]
+    # different expectations for the one tensor (an out-of-place variant that returned its
+    # input): each is compared
+    g = check_variant(lambda x: x, {"x": torch.arange(8.0)}, {}, {"out": want, "x": torch.arange(8.0)}, atol=0,
+                      rtol=0, seed=0)
+    assert [r.name for r in g.reports] == ["out", "x"] and not g.passed

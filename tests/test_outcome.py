@@ -28,6 +28,17 @@ def test_a_communication_error_stops_every_rank_but_only_fails_a_world_of_one():
         "every rank: NCCL watchdog: collective timed out"
 
 
+def test_a_timeout_that_follows_another_ranks_own_error_names_that_error_first():
+    class _Two(_FakeWorld):
+        def agree(self, tag, payload):
+            return [{"error": "DistBackendError: Timed out waiting 120000ms", "dist": True},
+                    {"error": "MemoryError: out of host memory", "dist": False}]
+
+    with pytest.raises(SystemExit, match=r"^v gate: rank 1: MemoryError: out of host memory, then rank 0: "
+                                         r"DistBackendError: Timed out"):
+        agreed_outcome(_Two(2), "v gate", {"error": None})
+
+
 class _RanksWorld(_FakeWorld):
     """A world whose ranks said ``payloads`` (rank 0 is this one)."""
 
