@@ -333,7 +333,8 @@ def narrow(axes: Mapping[str, Sequence[Any]], picks: Mapping[str, Sequence[str]]
             raise ValueError(
                 f"case {case_id}: axis {name} has no value {', '.join(missing)} (values: {', '.join(by_text)})"
             )
-        out[name] = chosen
+        # a value named twice ("4,4", or "8,8B" for one size) is one point, timed once
+        out[name] = [v for i, v in enumerate(chosen) if v not in chosen[:i]]
     return out
 
 

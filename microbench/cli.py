@@ -29,6 +29,53 @@ class UsageError(Exception):
     """Bad input from the user: one line, exit 2."""
 
 
+def _writable_folder(path: str) -> str | None:
+    """Why files cannot be made in folder ``path`` (made if missing), or None: the nearest
+    existing ancestor must be a folder this process can write in."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        return f"{probe} is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"no permission to write in {probe}"
+    return None
+
+
+def check_output_dir(path: str, flag: str) -> None:
+    """UsageError (one line) unless ``path`` is a writable folder; a missing one is made."""
+    if not path:
+        raise UsageError(f"{flag}: an empty path")
+    why = _writable_folder(path)
+    if not why:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            why = f"cannot make it ({e.strerror or e})"
+    if why:
+        raise UsageError(f"{flag} {path}: {why}")
+
+
+def check_output_file(path: str, flag: str, make_parents: bool = False) -> None:
+    """UsageError (one line) unless a file can be written at ``path``: not a folder, in a
+    writable folder that exists (or, with ``make_parents``, is made). An existing file is
+    replaced: callers that must not replace it check first."""
+    if not path:
+        raise UsageError(f"{flag}: an empty path")
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: a folder, not a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if make_parents:
+        check_output_dir(parent, f"{flag} {path}: folder")
+    elif not os.path.isdir(parent):
+        raise UsageError(f"{flag} {path}: no folder {parent}")
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: no permission to write in {parent}")
+
+
 def _err(msg: str) -> int:
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0, not one per rank
         print(f"microbench: error: {msg}", file=sys.stderr)
@@ -84,6 +131,13 @@ def _select_cases(case_ids: Sequence[str], suite: str | None, device: str):
             cases = [get_case(c) for c in case_ids]
         except KeyError as e:
             raise UsageError(e.args[0]) from None
+        absent = [c for c in cases if suite is not None and not c.axes(suite, device)]
+        if absent:
+            from microbench.cases import SUITES
+
+            theirs = [s for s in SUITES if absent[0].axes(s, device)]
+            raise UsageError(f"case {absent[0].id} has no points in suite {suite} "
+                             f"(its suites: {', '.join(theirs) or 'none'})")
         return cases
     return [c for c in all_cases() if suite is None or c.axes(suite, device)]
 
@@ -128,7 +182,8 @@ def min_effect_arg(text: str) -> float:
 
 
 def _split(values: Sequence[str] | None) -> list[str]:
-    return [x for v in values or [] for x in v.split(",") if x]
+    """Comma lists from repeatable options, flattened; a name given twice counts once."""
+    return list(dict.fromkeys(x for v in values or [] for x in v.split(",") if x))
 
 
 def _axis_picks(items: Sequence[str] | None) -> dict[str, list[str]]:
@@ -160,6 +215,8 @@ def _profile_ceilings(device: str) -> dict[str, dict]:
 
 
 def _set_threads(device: str, threads: int) -> None:
+    if threads < 1:
+        raise UsageError(f"--threads {threads}: need at least 1")
     if device == "cpu":
         # One intra-op thread: on a small shared machine a busy neighbour core stalls
         # OpenMP barriers (a 48x48 matmul took 15 ms with 2 threads under load, 25 µs with 1).
@@ -252,6 +309,7 @@ def run_meta(a: argparse.Namespace, opts, cases) -> dict[str, Any]:
 def open_writer(out: str, meta: dict[str, Any], fingerprint: dict[str, Any]):
     from microbench.results import ResultWriter
 
+    check_output_dir(out, "--out")
     writer = ResultWriter(out, meta, fingerprint)
     writer.doc["run"]["id"] = os.path.basename(writer.path)[: -len(".json")]
     return writer
@@ -270,6 +328,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         return show_plan(a)
     device = resolve_device(a.device)
     _set_threads(device, a.threads)
+    check_output_dir(a.out, "--out")
     suite, cases, variants = run_selection(a, device)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     multi = [c for c in cases if c.distributed and (not variants or any(v.name in variants for v in c.variants()))]

@@ -337,6 +337,10 @@ def cmd_compile(a: argparse.Namespace) -> int:
     if a.jobs < 0:
         raise UsageError(f"--jobs {a.jobs}: give a number of processes, or 0 for one per core")
     cases, picks, _, profile = _selection(a)
+    if a.json:  # before the builds: a path that cannot be written would lose them
+        from microbench.cli import check_output_file
+
+        check_output_file(a.json, "--json")
     a.target = profile.name if a.target == "auto" else a.target  # the workers touch no GPU to find it again
     sm = profile.sm
     baseline = _load_baseline(a.baseline, sm.arch) if a.baseline else None
@@ -412,9 +416,9 @@ def _with_user_variant(a: argparse.Namespace, cases: list[Any]) -> list[Any]:
     try:
         parse_target(a.file)
         variant = load_variant(a.file, case, small[0], "cpu", a.name)
+        return [WithVariant(case, variant)]
     except UserCodeError as e:
         raise UsageError(str(e)) from None
-    return [WithVariant(case, variant)]
 
 
 def add_parser(sub) -> None:

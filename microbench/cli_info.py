@@ -33,7 +33,7 @@ def cmd_shapes(a: argparse.Namespace) -> int:
 def cmd_env(a: argparse.Namespace) -> int:
     from microbench import env
 
-    device = None if a.device == "auto" else resolve_device(a.device, present=False)
+    device = None if a.device == "auto" else resolve_device(a.device)  # a GPU named must be there
     fp = env.fingerprint(device)
     print(json.dumps(fp, indent=1) if a.json else env.format_fingerprint(fp))
     return 0

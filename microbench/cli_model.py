@@ -15,7 +15,7 @@ def cmd_model(a: argparse.Namespace) -> int:
     from microbench.measured import Measured
     from microbench.layout import ParallelLayout
     from microbench.models import load_model
-    from microbench.cli import UsageError
+    from microbench.cli import UsageError, check_output_file
     from microbench.results import ResultError
 
     try:
@@ -33,6 +33,7 @@ def cmd_model(a: argparse.Namespace) -> int:
     if a.plot:
         from microbench.plots import PlotError, plot_budget
 
+        check_output_file(a.plot, "--plot")
         try:
             print(f"plot: {plot_budget(b, a.plot)}", file=sys.stderr)
         except PlotError as e:

@@ -22,6 +22,15 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
     nproc = default_nproc(a, device)
     if nproc < 1:
         raise UsageError(f"--nproc {nproc}: need at least 1")
+    if any(c.distributed for c in cases):  # what a real run would refuse, refused here too
+        from microbench import distributed
+
+        try:
+            distributed.check_backend(a.backend, "cuda" if device.startswith("cuda") else "cpu")
+        except distributed.WorldError as e:
+            raise UsageError(str(e)) from None
+    if not 0 < a.dist_timeout < float("inf"):
+        raise UsageError(f"--dist-timeout {a.dist_timeout:g}: must be a positive number of seconds")
     timing, repeat = run_timing(a, device)
     opts = RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, repeat=repeat)

@@ -81,11 +81,20 @@ def cmd_try(a: argparse.Namespace) -> int:
     device = cli.resolve_device(a.device)
     cli._set_threads(device, a.threads)
     cli.check_suite(a.suite)
+    watch_budget_s = WATCH_BUDGET_S if a.budget_s is None else a.budget_s
+    a.budget_s = 1.0 if a.budget_s is None else a.budget_s
     cli.run_timing(a, device)  # --mode, --budget-s, --repeat refused before anything runs
+    cli.check_output_dir(a.out, "--out")
     try:
         case = get_case(a.case)
     except KeyError as e:
         raise cli.UsageError(e.args[0]) from None
+    if a.suite and not case.axes(a.suite, device):
+        raise cli.UsageError(f"case {case.id} has no points in suite {a.suite}")
+    try:
+        parse_target(a.target)  # the command line's own mistakes: exit 2, as for any bad argument
+    except UserCodeError as e:
+        raise cli.UsageError(str(e)) from None
     small = [p for p in expand(case.check_axes(device)) if not case.skip(p, device)]
     if not small:
         raise cli.UsageError(f"case {case.id} has no small shapes on {device} to check a variant at")
@@ -95,19 +104,20 @@ def cmd_try(a: argparse.Namespace) -> int:
 
         world = solo_world(device)
     try:
-        parse_target(a.target)
         variant = load_variant(a.target, case, small[0], device, a.name)
+        tried = WithVariant(case, variant)
     except UserCodeError as e:
+        if "choose another with --name" in str(e):
+            raise cli.UsageError(str(e)) from None
         return _user_error(e)
     if a.watch:
-        return _watch(a, case, device, world)
+        return _watch(a, case, device, world, watch_budget_s)
     checks = _check_small(case, variant, device, a.seed)
     for _, text, ok in checks:
         print(f"check {'ok ' if ok else 'BAD'} {text}", file=sys.stderr)
     if not all(ok for _, _, ok in checks):
         print(f"microbench try: {variant.name} is incorrect at the small shapes above: not timed", file=sys.stderr)
         return 1
-    tried = WithVariant(case, variant)
     a.interleave = True  # always: the verdicts against the case's variants are paired
     suite = a.suite or _suite(case, device)
     opts = cli.run_options(a, suite, device, [], world)
@@ -128,8 +138,10 @@ def cmd_try(a: argparse.Namespace) -> int:
     return 0 if mine and all(r["status"] in ("OK", "SKIPPED") for r in mine) else 1
 
 
-def _watch(a: argparse.Namespace, case: Any, device: str, world: Any) -> int:
-    """Rerun the small-shape gate and a short interleaved timing on every save."""
+def _watch(a: argparse.Namespace, case: Any, device: str, world: Any, budget_s: float) -> int:
+    """Rerun the small-shape gate and a short interleaved timing (``budget_s`` per variant,
+    at the first point --axis leaves) on every save."""
+    from microbench import cli
     from microbench.case import expand, point_label
     from microbench.runner import RunOptions, Runner
     from microbench.timing import TimingOptions
@@ -137,11 +149,16 @@ def _watch(a: argparse.Namespace, case: Any, device: str, world: Any) -> int:
 
     path, _ = parse_target(a.target)
     suite = a.suite or _suite(case, device)
+    picks = cli._axis_picks(a.axis)
+    cli.make_plan([case], RunOptions(suite=suite, device=device, axis_picks=picks), [case])  # a bad --axis: now
     seen = None
     print(f"microbench try --watch: {path} (Ctrl-C to stop)", file=sys.stderr)
     try:
         while True:
-            mtime = os.stat(path).st_mtime_ns
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except FileNotFoundError:  # an editor that saves by replacing the file: back in a moment
+                mtime = seen
             if mtime == seen:
                 time.sleep(WATCH_POLL_S)
                 continue
@@ -158,12 +175,13 @@ def _watch(a: argparse.Namespace, case: Any, device: str, world: Any) -> int:
                 print(f"{stamp} INCORRECT {bad[0]}", flush=True)
                 continue
             tried = WithVariant(case, variant)
-            points = expand(case.axes(suite, device))
+            opts = RunOptions(suite=suite, device=device, variants=[case.baseline, variant.name], interleave=True,
+                              timing=TimingOptions(budget_s=budget_s), probe=False, world=world,
+                              axis_picks=picks)
+            points = [pt for _, pt in cli.make_plan([tried], opts, [tried]).items]
             if not points:
                 print(f"{stamp} correct (suite {suite} has no point to time)", flush=True)
                 continue
-            opts = RunOptions(suite=suite, device=device, variants=[case.baseline, variant.name], interleave=True,
-                              timing=TimingOptions(budget_s=WATCH_BUDGET_S), probe=False, world=world)
             recs = Runner(opts, None, progress=lambda line: None).run_point(tried, points[0])
             mine = next(r for r in recs if r["variant"] == variant.name)
             if mine["status"] != "OK":
@@ -192,6 +210,7 @@ def cmd_scaffold(a: argparse.Namespace) -> int:
         raise cli.UsageError(f"case {case.id} has no scaffold yet (cases with one: "
                              + ", ".join(c.id for c in _scaffolded()) + ")")
     path = a.path or f"my_{case.id.replace('.', '_')}.py"
+    cli.check_output_file(path, "scaffold")
     if os.path.exists(path) and not a.force:
         raise cli.UsageError(f"{path} exists: pass --force to overwrite it")
     with open(path, "w") as f:
@@ -229,7 +248,8 @@ def add_parser(sub) -> None:
     t.add_argument("--axis", action="append", metavar="NAME=V1,V2", help="narrow an axis of the sweep")
     t.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
     t.add_argument("--out", default="results", help="directory for the result file (default: results/)")
-    t.add_argument("--budget-s", type=float, default=1.0, help="time budget per variant and point (s)")
+    t.add_argument("--budget-s", type=float, help="time budget per variant and point (s; default 1, with "
+                   f"--watch {WATCH_BUDGET_S:g})")
     t.add_argument("--max-noise", type=float, default=0.005, help="stop when the median's relative noise is under this")
     t.add_argument("--min-effect", type=min_effect_arg, default=0.02, help="smallest ratio change a verdict calls real")
     t.add_argument("--mode", choices=["cold", "hot", "graph"], help="timing mode (default: cold on CUDA, hot on CPU)")

@@ -10,10 +10,18 @@ from microbench.cli import EXIT_INTERRUPTED, UsageError, _axis_picks, _select_ca
 
 def cmd_tune(a: argparse.Namespace) -> int:
     device = resolve_device(a.device)
-    if device == "cpu":
-        import torch
+    from microbench.cli import _set_threads, check_output_file
 
-        torch.set_num_threads(a.threads)
+    _set_threads(device, a.threads)
+    if a.out is not None:  # before the search: a path it cannot write, or a file it must not replace
+        check_output_file(a.out, "--out", make_parents=True)
+        from microbench.kernels.moe_tuning import TuningTable
+
+        try:
+            TuningTable.load(a.out)
+        except (ValueError, OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--out {a.out}: exists and is not a tuning table, so it is not replaced "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     suite = a.suite or ("verify" if device.startswith("cuda") else "smoke")
     from microbench.case import Case
 

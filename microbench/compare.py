@@ -115,6 +115,9 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
     if b["status"] != "OK" or n["status"] != "OK":
         row["label"] = "BROKEN" if b["status"] == "OK" else f"{b['status']}->{n['status']}"
         row["notes"].append(n.get("reason") or b.get("reason") or "")
+        for side, r in (("base_time", b), ("new_time", n)):  # the side that was timed keeps its time
+            if r["status"] == "OK":
+                row[side] = float(np.quantile(r["timing"]["samples_s"], quantile))
         return row
     bs, ns = b["timing"]["samples_s"], n["timing"]["samples_s"]
     bpass, npass = b["timing"].get("passes"), n["timing"].get("passes")

@@ -43,6 +43,12 @@ def budget_components(b: Any) -> "OrderedDict[str, dict[tuple[str, str], float]]
 def plot_budget(b: Any, path: str) -> str:
     """Stacked bars of one step per rank: decode and verify, eager and graph."""
     plt = _pyplot()
+    kind = os.path.splitext(path)[1].lstrip(".").lower()
+    known = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if kind not in known:
+        raise PlotError(f"--plot {path}: the file name's extension says which picture to write: "
+                        f"one of {', '.join(sorted(known))}")
     comps = budget_components(b)
     bars = [("decode", "eager"), ("decode", "graph"), ("verify", "eager"), ("verify", "graph")]
     fig, ax = plt.subplots(figsize=(9, 5.5))

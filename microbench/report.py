@@ -120,7 +120,7 @@ def _row(r: dict[str, Any], axes: list[str], derived: list[str], notes: list[str
             notes.append(text)
         status += f" [{notes.index(text) + 1}]"
     return [*(r["axes"].get(a, "") for a in axes), r["variant"], status, fmt_time(t.get("median")),
-            _num(100 * t["rel_noise"], ".2f") + "%" if t else "-",
+            ("inf" if t["rel_noise"] == math.inf else _num(100 * t["rel_noise"], ".2f") + "%") if t else "-",
             f"{t['count']} {timing.get('stop_reason', '')}" if t else "-",
             sig(r.get("gbps")), sig(r.get("tflops")), sig(r.get("pct_of_floor")),
             _verdict_cell(r.get("vs_baseline")), *((r.get("derived") or {}).get(d, "") for d in derived)]

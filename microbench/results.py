@@ -222,7 +222,8 @@ def _record_problem(r: dict[str, Any]) -> str | None:
         return "vs_baseline must be an object with a positive ratio"
     t = r.get("timing")
     if t is None:
-        return None
+        # an OK record was timed: every command reads its samples
+        return "status OK but no timing" if r["status"] == "OK" else None
     if not isinstance(t, dict):
         return "timing must be an object"
     samples = t.get("samples_s")

@@ -65,6 +65,8 @@ def parse_target(target: str) -> tuple[str, str]:
     path, sep, name = target.rpartition("::")
     if not sep or not path or not name.isidentifier():
         raise UserCodeError(f"{target!r}: expected FILE::FUNCTION, e.g. my_kernel.py::my_rmsnorm")
+    if os.path.isdir(path):
+        raise UserCodeError(f"{path}: a folder, not a Python file")
     if not os.path.isfile(path):
         raise UserCodeError(f"{path}: no such file")
     return path, name
@@ -113,7 +115,7 @@ def wrap(fn: Callable[..., Any], path: str) -> Callable[..., Any]:
     def user_variant(**kwargs: Any) -> Any:
         try:
             return fn(**kwargs)
-        except Exception as e:  # noqa: BLE001 - reported as the user's, with their line
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - reported as the user's, with their line
             raise UserCodeError(describe(e, path)) from None
 
     user_variant.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -137,7 +139,8 @@ class WithVariant(Case):
 
     def __init__(self, inner: Case, extra: Variant):
         if any(v.name == extra.name for v in inner.variants()):
-            raise UserCodeError(f"variant name {extra.name!r} is taken in {inner.id}: pass --name")
+            raise UserCodeError(f"variant name {extra.name!r} is taken in {inner.id} (its variants: "
+                                f"{', '.join(v.name for v in inner.variants())}): choose another with --name")
         self.inner, self.extra = inner, extra
         for attr in ("id", "title", "baseline", "order", "tolerances", "norm_tolerances", "ceiling", "timing_mode", "distributed",
                      "profile_calls", "scaffold_from"):

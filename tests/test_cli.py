@@ -60,6 +60,15 @@ def test_list_shows_suites_cases_variants_axes(capsys):
     (["try", "x.py::f", "--case", "norm.rmsnorm", "--device", "cpu", "--mode", "graph"], "graph mode needs a CUDA"),
     (["tune", "--device", "cpu", "--axis", "token=4"], "no selected case has axis token"),
     (["compare", "/nonexistent/a.json", "/nonexistent/b.json"], "no such file"),
+    (["run", *QUICK, "--threads", "0"], "--threads 0: need at least 1"),
+    (["tune", "--device", "cpu", "--threads", "-1"], "--threads -1: need at least 1"),
+    (["run", "--suite", "selftest", "--case", "norm.rmsnorm"],
+     "case norm.rmsnorm has no points in suite selftest (its suites: smoke, verify)"),
+    (["run", "--case", "comm.allreduce", "--device", "cpu", "--plan", "--backend", "mpi"], "unknown backend 'mpi'"),
+    (["run", *QUICK, "--plan", "--dist-timeout", "0"], "--dist-timeout 0: must be a positive number of seconds"),
+    (["scaffold", "--case", "norm.rmsnorm", "/nonexistent/folder/x.py"],
+     "scaffold /nonexistent/folder/x.py: no folder /nonexistent/folder"),
+    (["model", "--plot", "/nonexistent/folder/x.png"], "--plot /nonexistent/folder/x.png: no folder"),
     (["report", __file__], "not a JSON result file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
@@ -412,3 +421,42 @@ def test_a_named_cuda_device_is_made_current(monkeypatch):
     with pytest.raises(UsageError, match="only 2 CUDA device"):
         resolve_device("cuda:2")
     assert resolve_device("cuda:3", present=False) == "cuda:3" and current == [1]  # named only (--plan)
+
+
+def test_output_paths_are_checked_before_any_work(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for argv, message in ((["run", *QUICK, "--out", str(afile)], f"--out {afile}: {afile} is not a folder"),
+                          (["run", *QUICK, "--out", ""], "--out: an empty path"),
+                          (["try", "x.py::f", "--case", "norm.rmsnorm", "--out", str(afile / "r")],
+                           f"{afile} is not a folder"),
+                          (["scaffold", "--case", "norm.rmsnorm", "--force", str(tmp_path)], "a folder, not a file")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert afile.read_text() == "keep me"
+
+
+def test_tune_does_not_replace_a_file_that_is_not_a_tuning_table(tmp_path, capsys):
+    other = tmp_path / "result.json"
+    other.write_text('{"schema": "microbench.result"}')
+    assert main(["tune", "--device", "cpu", "--axis", "weights=bf16", "--max-trials", "1", "--out", str(other)]) == 2
+    assert "exists and is not a tuning table, so it is not replaced" in capsys.readouterr().err
+    assert other.read_text() == '{"schema": "microbench.result"}'
+
+
+def test_a_case_or_value_named_twice_is_timed_once(tmp_path, capsys):
+    argv = ["run", "--case", "norm.rmsnorm", "--case", "norm.rmsnorm", "--axis", "tokens=1,1", "--axis", "norm=kv_a",
+            "--variant", "torch", "--budget-s", "0.02", "--repeat", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    (path,) = _files(tmp_path)
+    recs = json.load(open(path))["records"]
+    assert [(r["axes"]["tokens"], r["variant"]) for r in recs] == [(1, "torch")]
+
+
+def test_an_ok_record_without_a_timing_is_a_malformed_file(tmp_path, capsys):
+    w = ResultWriter(str(tmp_path), {"device": "cpu"}, {"git": {}, "host": {}})
+    w.add([{"case": "c", "axes": {"n": 1}, "variant": "v", "status": "OK", "timing": None}])
+    path = w.close(complete=True)
+    assert main(["compare", path, path]) == 2
+    assert "record 0 (c n=1 v) is malformed: status OK but no timing" in capsys.readouterr().err

@@ -76,13 +76,28 @@ def test_errors_in_the_file_are_one_block_with_file_and_line(tmp_path, capsys, s
     assert "Traceback" not in err and "microbench/runner.py" not in err
 
 
-@pytest.mark.parametrize(("target", "message"), [("nope.py::f", "no such file"), ("{file}::g", "no function 'g'"),
-                                                 ("{file}", "expected FILE::FUNCTION")])
-def test_bad_targets(tmp_path, capsys, target, message):
+@pytest.mark.parametrize(("target", "message", "rc"), [
+    ("nope.py::f", "no such file", 2),  # the command line's mistakes: exit 2
+    ("{file}", "expected FILE::FUNCTION", 2),
+    ("{dir}::f", "a folder, not a Python file", 2),
+    ("{file}::g", "no function 'g'", 1),  # the file's: exit 1
+])
+def test_bad_targets(tmp_path, capsys, target, message, rc):
     p = tmp_path / "u.py"
     p.write_text("def f(x, weight, eps, out, residual=None):\n    pass\n")
-    assert main(["try", target.format(file=p), *QUICK]) == 1
+    assert main(["try", target.format(file=p, dir=tmp_path), *QUICK]) == rc
     assert message in capsys.readouterr().err
+
+
+def test_a_variant_name_the_case_has_is_refused_and_an_exit_in_the_file_is_its_error(scaffold, tmp_path, capsys):
+    assert main(["try", f"{scaffold}::my_rmsnorm", "--name", "torch", *QUICK]) == 2
+    assert ("variant name 'torch' is taken in norm.rmsnorm (its variants: torch, triton): choose another with "
+            "--name") in capsys.readouterr().err
+    p = tmp_path / "leaves.py"
+    p.write_text("import sys\n\ndef f(x, weight, eps, out, residual=None):\n    sys.exit(0)\n")
+    assert main(["try", f"{p}::f", *QUICK, "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "SystemExit: 0" in err and "leaves.py:4 in f" in err and "not timed" in err
 
 
 def test_every_scaffold_passes_its_gate_unchanged(tmp_path):
