@@ -72,6 +72,10 @@ class DecoderLayerCase(Case):
         return [Variant(name, _stack(name), doc=f"verify attention {a}, MoE {m}") for name, (a, m) in KERNELS.items()]
 
     def axes(self, suite: str, device: str = "cuda") -> Mapping[str, Sequence[Any]]:
+        # fp16 stays off the GPU: every timed call adds x to the residual in place, and over
+        # thousands of calls bf16 stops growing near 2^14 (the add rounds away) while fp16
+        # reaches inf near call 1,200 (kimi-tp8), after which the router picks no expert and
+        # the calls time no MoE; the CPU's fp16 points make ~10 calls
         capture = ["eager", "graph"] if on_cuda(device) else ["eager"]
         if suite == "verify":
             return {"layer": ["kimi-tp8"], "weights": ["int4"], "phase": ["decode", "verify"], "batch": [1],
@@ -111,10 +115,11 @@ class DecoderLayerCase(Case):
         point, at its first variant's set-up: the next variant's, made while the first one's
         layers are still held, would see less free memory, and a verdict between calls of
         different layer counts would compare different work (so would passes pooled by
-        ``--repeat``)."""
+        ``--repeat``). The capture modes of one point share it: the table's "eager - graph"
+        column subtracts their times per layer, which must be of the same stack."""
         if not on_cuda(device):
             return 1
-        key = (device, tuple(sorted((k, str(v)) for k, v in point.items())))
+        key = (device, tuple(sorted((k, str(v)) for k, v in point.items() if k != "capture")))
         counts: dict[tuple, int] = self.__dict__.setdefault("_layer_counts", {})
         if key not in counts:
             free, _ = torch.cuda.mem_get_info(torch.device(device))
@@ -125,15 +130,19 @@ class DecoderLayerCase(Case):
         from microbench.cases.layer_inputs import layer_batch, layer_inputs, layer_shape, layer_weights
         from microbench.cases.moe import device_slug, tuned_configs, tuning_path
         from microbench.kernels.checks import small_shared
+        from microbench.kernels.mla_common import HEAD_DIM
         from microbench.kernels.moe_tuning import TuningTable
 
         s, dt = layer_shape(point["layer"]), DTYPES[point["dtype"]]
         q_len = 1 if point["phase"] == "decode" else point["draft_tokens"] + 1
         t = point["batch"] * q_len
         first = layer_weights(s, point["weights"], dt, device, seed)
-        # what a layer holds: its weights as the kernels read them, and the checkpoint copy
-        # of its experts the reference reads
-        held = first.nbytes() + sum(t.numel() * t.element_size() for t in first.experts_ckpt.values())
+        # what a layer holds: its weights as the kernels read them, the checkpoint copy of its
+        # experts the reference reads, and its latent cache (page size 1), which the reference
+        # reads again widened to fp32
+        pages = point["batch"] * (point["context"] + q_len)
+        held = (first.nbytes() + sum(t.numel() * t.element_size() for t in first.experts_ckpt.values())
+                + pages * HEAD_DIM * (dt.itemsize + 4))
         n = self._layers(point, held, device)
         weights = [first] + [layer_weights(s, point["weights"], dt, device, seed + 1000 * i) for i in range(1, n)]
         batches = [layer_batch(s, point["batch"], q_len, point["context"], dt, device, seed + 1000 * i + 1)

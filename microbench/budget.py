@@ -428,7 +428,8 @@ def budget(s: Scenario, measured: Measured | None = None) -> Budget:
     if variant:
         for p in PHASES:
             for m in MODES:
-                hit = measured.layer(est._layout_key(), p, s.batch, s.draft_tokens, s.context, m, variant)
+                hit = measured.layer(est._layout_key(), p, s.batch, s.draft_tokens, s.context, m, variant,
+                                     s.model.quant.routed_experts)
                 if hit:
                     layer[(p, m)] = Cell(hit.seconds, hit.source)
     return Budget(s, moe, dense, head + [head_exposed],

@@ -99,12 +99,14 @@ class Measured:
                        f"{b0}..{b1} B ({where})")
 
     def layer(self, layout: str, phase: str, batch: int, draft_tokens: int, context: int, capture: str,
-              variant: str) -> _Hit | None:
+              variant: str, weights: str) -> _Hit | None:
         """One decoder layer as ``layer.decoder`` measured it (per layer: the call over its
-        stacked layers); its allreduce was a one-rank stand-in."""
+        stacked layers), in bf16 with the model's routed-expert ``weights``; its allreduce
+        was a one-rank stand-in."""
         for r, where in self.records:
             a = r["axes"]
             if (r["case"] == "layer.decoder" and r["variant"] == variant and a.get("layer") == layout
+                    and a.get("dtype") == "bf16" and a.get("weights") == weights
                     and a.get("phase") == phase and a.get("batch") == batch and a.get("context") == context
                     and a.get("capture") == capture and (phase == "decode" or a.get("draft_tokens") == draft_tokens)):
                 n = (r.get("facts") or {}).get("layers") or 1

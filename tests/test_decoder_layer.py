@@ -144,9 +144,12 @@ def test_the_model_sets_a_measured_layer_beside_its_prediction():
                          "context": 4096, "capture": capture, "dtype": "bf16"},
                 "timing": {"samples_s": [median], "summary": {"median": median, "count": 1, "rel_noise": 0.0}}}
 
+    # a layer measured in another dtype, or with other expert weights, is not the model's
+    other = [{**rec("graph", "verify", 10e-6), "axes": {**rec("graph", "verify", 0)["axes"], **change}}
+             for change in ({"dtype": "fp16"}, {"weights": "bf16"})]
     doc = {"schema": "microbench.result", "schema_version": 1, "run": {"id": "g", "device": "cuda"},
            "fingerprint": {"device": {"name": "NVIDIA H200"}},
-           "records": [rec("graph", "verify", 200e-6), rec("eager", "verify", 400e-6)]}
+           "records": [*other, rec("graph", "verify", 200e-6), rec("eager", "verify", 400e-6)]}
     s = Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(8, 1), hw=load_profile("h200"))
     b = budget(s, Measured([doc]))
     assert b.measured_layer[("verify", "graph")].seconds == pytest.approx(100e-6)  # per layer of 2
@@ -241,7 +244,9 @@ def test_the_layer_count_is_decided_once_per_point_so_every_variant_times_the_sa
     assert case._layers(point, int(2.4e9), "cuda") == 3  # 0.3 x 30 GB / 2.4 GB
     free[0] = 10e9  # the first variant's layers now take memory
     assert case._layers(point, int(2.4e9), "cuda") == 3
-    assert case._layers({**point, "capture": "graph"}, int(2.4e9), "cuda") == 1  # a new point reads it afresh
+    # the graph row of the point stacks what its eager row did: their difference is per layer
+    assert case._layers({**point, "capture": "graph"}, int(2.4e9), "cuda") == 3
+    assert case._layers({**point, "phase": "decode"}, int(2.4e9), "cuda") == 1  # a new point reads it afresh
     assert DecoderLayerCase()._layers(point, int(2.4e9), "cuda") == 1  # so does a new run's case
 
 
