@@ -117,7 +117,12 @@ class LayerBatch:
 
 def rope(x: Tensor, positions: Tensor, theta: float = ROPE_THETA) -> Tensor:
     """Rotary embedding on the last dim (64), rotate-half layout, in x's dtype: [..., T, 64]
-    with positions [T] broadcast over leading dims after the token dim."""
+    with positions [T] broadcast over leading dims after the token dim.
+
+    The models pair channels (2i, 2i + 1) (servers' ``is_neox_style=False``) and stretch
+    the frequencies with YaRN; this pairs (i, i + 32) at plain ``theta`` frequencies. With
+    random weights that is a fixed permutation of the rope channels and other angles: the
+    same elementwise work on the same bytes, which is what the layer times."""
     half = x.shape[-1] // 2
     inv = 1.0 / (theta ** (torch.arange(0, half, device=x.device, dtype=torch.float32) / half))
     ang = positions.to(torch.float32)[:, None] * inv[None, :]  # [T, 32]
