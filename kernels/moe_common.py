@@ -208,9 +208,11 @@ def prepare_weights(w13: Tensor, w2: Tensor, *, w13_scales: Tensor | None = None
 
 
 def check_moe_args(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, topk_ids: Tensor,
-                   out: Tensor | None, check_ids: bool) -> tuple[int, int]:
+                   out: Tensor | None, check_ids: bool, remote: bool = True) -> tuple[int, int]:
     """Raise ``ValueError`` naming the argument unless a fused-experts call is well formed;
-    return ``(T, top_k)``.  ``check_ids`` reads the ids on the host (a synchronisation)."""
+    return ``(T, top_k)``.  ``check_ids`` reads the ids on the host (a synchronisation);
+    ``remote`` False: a ``-1`` id (another rank's expert) is refused too, for a kernel
+    called without what it needs to skip one."""
     if not isinstance(weights, ExpertWeights):
         raise TypeError(f"weights: expected ExpertWeights (from prepare_weights), got {type(weights).__name__}")
     check_tensor("hidden", hidden)
@@ -244,4 +246,8 @@ def check_moe_args(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor,
         if lo < -1 or hi >= weights.num_experts:
             raise ValueError(f"topk_ids: expert ids must lie in 0..{weights.num_experts - 1} (or -1: another "
                              f"rank's expert), got range {lo}..{hi}")
+        if lo == -1 and not remote:
+            raise ValueError("topk_ids: -1 (another rank's expert) needs remote_ids=True, which zeroes those "
+                             "pairs' rows; without it their rows are never written and their tokens' sums "
+                             "are undefined")
     return t, k

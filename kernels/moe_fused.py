@@ -141,9 +141,9 @@ def fused_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, topk
         out: ``[T, H]`` like hidden, written; allocated when ``None``.
         config: the tile configuration (one for both GEMMs, as servers use; its
             ``block_m`` is the alignment block); ``default_config("fused", ...)`` if None.
-        check_ids: read the ids on the host and raise for one out of range (a
-            synchronisation).  Without it such a pair is dropped by the alignment and
-            its token's output row is undefined.
+        check_ids: read the ids on the host and raise for one out of range, or for a
+            ``-1`` without ``remote_ids`` (a synchronisation).  Without it such a pair is
+            dropped by the alignment and its token's output row is undefined.
         remote_ids: ``topk_ids`` may hold ``-1`` for experts on other ranks (expert
             parallelism); their pairs' rows are zeroed first (one memset) so they add
             nothing, as servers' kernels write zeros for them.
@@ -155,7 +155,7 @@ def fused_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, topk
         ValueError: mismatched shapes, dtypes or devices, top_k < 1 (naming the argument),
             before any launch.
     """
-    t, top_k = check_moe_args(hidden, weights, topk_weights, topk_ids, out, check_ids)
+    t, top_k = check_moe_args(hidden, weights, topk_weights, topk_ids, out, check_ids, remote=remote_ids)
     require_runnable(_fused_moe_kernel, hidden, "hidden")
     cfg = config or default_config("fused", "w13+w2", weights.kind, 2 * weights.inter, weights.hidden, t)
     out = torch.empty_like(hidden) if out is None else out

@@ -62,6 +62,20 @@ def test_launchers_reject_bad_input(args, pattern, kind, kernel, monkeypatch):
         launcher(x, W, tw, ids, **args)
 
 
+@pytest.mark.parametrize("kind", ["dense", "int4"])
+def test_the_fused_launcher_refuses_a_remote_id_it_was_not_told_of(kind, monkeypatch):
+    # a -1 pair is dropped by the alignment; without remote_ids its row of the sum is never
+    # written, so with check_ids the call is refused (the few-token kernel skips them itself)
+    _, W = moe_checkpoint(kind, 4, 64, 32, seed=0)
+    x = hidden_states(3, 64, seed=0)
+    tw, ids = routing("distinct", 3, 4, 2, seed=0)
+    ids = ids.clone()
+    ids[1, 0] = -1
+    monkeypatch.setattr(moe_fused, "align", lambda *a, **k: (_ for _ in ()).throw(AssertionError("launched")))
+    with pytest.raises(ValueError, match=r"^topk_ids: -1 \(another rank's expert\) needs remote_ids=True"):
+        fused_moe(x, W, tw, ids, check_ids=True)
+
+
 def test_launchers_reject_a_non_weights_object():
     x = hidden_states(2, 64, seed=0)
     tw, ids = routing("distinct", 2, 4, 2, seed=0)
