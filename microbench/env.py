@@ -324,6 +324,25 @@ def fingerprint(device: str | None = None, *, nvml: Any = None) -> dict[str, Any
             "git": _section(git_info), "host": _section(_host_section)}
 
 
+#: NVML readings of the moment (``nvml.gpu``), which differ between any two runs on one machine
+LIVE_GPU_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w", "pstate", "throttle_mask",
+                   "throttle_reasons", "pcie_gen_current", "pcie_width_current")
+
+
+def split_fingerprint(fp: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(machine, moment)``: what stays the same between runs on one machine and software
+    (the device, the NVML static fields, the software, the host), and what does not (the
+    NVML readings of the moment, the checkout's commit). pytest-benchmark warns when two
+    runs' machine_info differ, so it gets the first alone."""
+    machine = {k: v for k, v in fp.items() if k != "git"}
+    gpu = (fp.get("nvml") or {}).get("gpu") if isinstance(fp.get("nvml"), dict) else None
+    moment: dict[str, Any] = {"git": fp.get("git")}
+    if isinstance(gpu, dict):
+        machine["nvml"] = {**fp["nvml"], "gpu": {k: v for k, v in gpu.items() if k not in LIVE_GPU_FIELDS}}
+        moment["gpu"] = {k: gpu[k] for k in LIVE_GPU_FIELDS if k in gpu}
+    return machine, moment
+
+
 def _flat(d: Any, prefix: str = "") -> list[tuple[str, str]]:
     if not isinstance(d, dict):
         return [(prefix or "value", _fmt(d))]

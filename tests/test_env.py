@@ -258,6 +258,31 @@ def test_cuda_fingerprint_with_faked_device(monkeypatch):
     assert re.search(r"^device:\s+cuda:0 — NVIDIA H200$", text, re.M) and not re.search(r"^(nvml|cuda):", text, re.M)
 
 
+def test_the_machine_and_the_moment_part_of_a_fingerprint(monkeypatch):
+    # pytest-benchmark warns when two runs' machine_info differ: it gets what stays the same
+    # on one machine; the readings of the moment and the commit go to each bench's extra_info
+    props = types.SimpleNamespace(name="NVIDIA H200", uuid="0c6d1f3e-1111-2222-3333-444455556666", major=9,
+                                  minor=0, multi_processor_count=132, L2_cache_size=60 * 2**20,
+                                  total_memory=143 * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    fp = env.fingerprint(None, nvml=FakeNVML(uuids=["GPU-" + props.uuid]))
+    machine, moment = env.split_fingerprint(fp)
+    assert "git" not in machine and moment["git"] == fp["git"]
+    assert moment["gpu"]["sm_clock_mhz"] == 1980 and "sm_clock_mhz" not in machine["nvml"]["gpu"]
+    assert machine["nvml"]["gpu"]["sm_clock_max_mhz"] == fp["nvml"]["gpu"]["sm_clock_max_mhz"]
+    assert machine["device"] == fp["device"] and machine["software"] == fp["software"]
+    assert fp["nvml"]["gpu"]["sm_clock_mhz"] == 1980  # the fingerprint itself is left whole
+    # a second reading at other clocks and temperature: the same machine
+    fp2 = env.fingerprint(None, nvml=FakeNVML(sm_clocks=(1500,), masks=(0,), uuids=["GPU-" + props.uuid]))
+    assert fp2["nvml"]["gpu"] != fp["nvml"]["gpu"] and env.split_fingerprint(fp2)[0] == machine
+    # without a GPU: the machine is the fingerprint less the commit
+    cpu, cpu_moment = env.split_fingerprint(env.fingerprint("cpu"))
+    assert "git" not in cpu and set(cpu_moment) == {"git"}
+
+
 def test_decode_throttle_reasons():
     assert env.decode_throttle_reasons(SW_POWER_CAP | HW_SLOWDOWN) == ["hw_slowdown", "sw_power_cap"]
     assert env.decode_throttle_reasons(0) == []

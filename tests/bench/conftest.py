@@ -11,8 +11,16 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SUITE = "verify" if DEVICE == "cuda" else "smoke"
 
 
+_MOMENT: dict = {}
+
+
 def pytest_benchmark_update_machine_info(config, machine_info):  # noqa: ARG001 - pytest-benchmark hook
-    machine_info["microbench"] = env.fingerprint(DEVICE)
+    # the machine alone: --benchmark-compare warns when machine_info differs, and the clocks,
+    # temperature and power of the moment (and the commit) differ on every run; they go
+    # into each bench's extra_info instead ("environment")
+    machine, moment = env.split_fingerprint(env.fingerprint(DEVICE))
+    machine_info["microbench"] = machine
+    _MOMENT.update(moment)
 
 
 @pytest.fixture(scope="session")
@@ -20,8 +28,15 @@ def cache_bytes() -> int | None:
     return env.l2_cache_bytes(DEVICE)
 
 
+@pytest.fixture(scope="session")
+def moment() -> dict:
+    """The session's readings of the moment: those machine_info left out (when pytest-benchmark
+    asked for it first), else read now."""
+    return _MOMENT or env.split_fingerprint(env.fingerprint(DEVICE))[1]
+
+
 @pytest.fixture
-def mb_bench(benchmark, cache_bytes, request):
+def mb_bench(benchmark, cache_bytes, moment, request):
     """``mb_bench(case, point, variant)``: gate, then time through the engine into ``benchmark``."""
     from microbench.bench import bench_case
     from microbench.timing import TimingOptions
@@ -30,6 +45,8 @@ def mb_bench(benchmark, cache_bytes, request):
 
     def run(case, point, variant):
         opts = TimingOptions(mode=case.point_timing_mode(point), budget_s=budget)
-        return bench_case(benchmark, case, point, variant, device=DEVICE, cache_bytes=cache_bytes, options=opts)
+        info = bench_case(benchmark, case, point, variant, device=DEVICE, cache_bytes=cache_bytes, options=opts)
+        benchmark.extra_info["environment"] = moment
+        return info
 
     return run
