@@ -297,7 +297,12 @@ def toolchain(arch: int) -> dict[str, str]:
 
     out = {"triton": triton.__version__}
     try:
-        tool = knobs.nvidia.ptxas if arch < 100 else knobs.nvidia.ptxas_blackwell
+        try:  # the backend's own choice: Triton 3.9 builds sm_90 with ptxas-blackwell, 3.6 with ptxas
+            from triton.backends.nvidia.compiler import get_ptxas
+
+            tool = get_ptxas(arch)
+        except ImportError:
+            tool = knobs.nvidia.ptxas if arch < 100 else knobs.nvidia.ptxas_blackwell
         out["ptxas"] = str(tool.version)
     except Exception as e:  # noqa: BLE001 - a missing tool shows when a build fails
         out["ptxas"] = f"unknown ({type(e).__name__})"

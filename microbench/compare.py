@@ -39,8 +39,10 @@ ENV_FIELDS: list[tuple[str, tuple[str, ...]]] = [
     ("power limit (W)", ("nvml", "gpu", "power_limit_w")),
     ("SM clock max (MHz)", ("nvml", "gpu", "sm_clock_max_mhz")),
     ("persistence mode", ("nvml", "gpu", "persistence_mode")),
-    ("PCIe gen (current)", ("nvml", "gpu", "pcie_gen_current")),
-    ("PCIe width (current)", ("nvml", "gpu", "pcie_width_current")),
+    # the link's maximum, not its current state: an idle GPU trains its link down (Gen1 at
+    # rest is common), so the current one, read when the run starts, differs for no cause
+    ("PCIe gen (max)", ("nvml", "gpu", "pcie_gen_max")),
+    ("PCIe width (max)", ("nvml", "gpu", "pcie_width_max")),
     ("torch", ("software", "torch")),
     ("triton", ("software", "triton")),
     ("NCCL", ("software", "nccl")),

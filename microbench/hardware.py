@@ -26,7 +26,8 @@ too.  Schema (units are checked, so "GB/s" cannot slip in where "B/s" is meant):
         "latency": {"value": 2e-6, "unit": "s", "source": "..."}   # alpha of an alpha-beta allreduce model
       },
       "aliases": ["h200"],  # optional: other names it answers to (exact, unique among shipped profiles)
-      "match": ["H200"],  # substrings of torch.cuda.get_device_name() this profile applies to
+      "match": ["H200"],  # words of torch.cuda.get_device_name() this profile applies to
+      "exclude": ["NVL"],  # optional: words that take a matching name out (H200 NVL is another board)
       "sm": {             # optional: one SM's limits, for `microbench compile` (fit and occupancy)
         "compute_capability": "9.0", "registers_per_sm": 65536, "max_warps_per_sm": 64,
         "max_blocks_per_sm": 32, "max_threads_per_block": 1024, "shared_per_sm": 233472,
@@ -150,6 +151,7 @@ class HardwareProfile:
     memory_bytes: Figure
     interconnect: dict[str, Any]
     match: list[str]
+    exclude: tuple[str, ...] = ()  # words that take a matching device name out
     aliases: tuple[str, ...] = ()  # short names it answers to ("h100" for h100-sxm)
     fp8_dense_flops: Figure | None = None
     int4_note: str | None = None
@@ -231,6 +233,9 @@ def _profile(data: Mapping[str, Any], label: str) -> HardwareProfile:
     match = data.get("match")
     if not isinstance(match, list) or not match or not all(isinstance(m, str) and m for m in match):
         raise ConfigError(f"{label}: key 'match' must be a non-empty list of device-name substrings")
+    exclude = data.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(m, str) and m for m in exclude):
+        raise ConfigError(f"{label}: key 'exclude' must be a list of device-name words")
     aliases = _aliases(data.get("aliases", []), label)
     measured_raw = data.get("measured") or {}
     if not isinstance(measured_raw, Mapping):
@@ -241,9 +246,14 @@ def _profile(data: Mapping[str, Any], label: str) -> HardwareProfile:
         raise ConfigError(f"{label}: key 'int4_note' must be a string")
     return HardwareProfile(
         name=data["name"], description=data["description"], interconnect=interconnect,
-        match=list(match), aliases=aliases, int4_note=note, measured=measured,
+        match=list(match), exclude=tuple(exclude), aliases=aliases, int4_note=note, measured=measured,
         sm=_sm_limits(data.get("sm"), label), **parsed,  # type: ignore[arg-type]
     )
+
+
+def _has_words(name: str, words: str) -> bool:
+    """``words`` in ``name``, case-insensitively, not inside a longer word."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(words.lower())}(?![a-z0-9])", name.lower()) is not None
 
 
 def list_profiles() -> list[str]:
@@ -307,14 +317,17 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
 
 
 def profile_for_device_name(device_name: str) -> HardwareProfile | None:
-    """The shipped profile whose ``match`` substring occurs in ``device_name`` (as
-    ``torch.cuda.get_device_name()`` reports it, compared case-insensitively); the longest
-    match wins so a more specific profile beats a general one.  None when none applies."""
-    name = device_name.lower()
+    """The shipped profile one of whose ``match`` entries occurs in ``device_name`` (as
+    ``torch.cuda.get_device_name()`` reports it, compared case-insensitively) as whole
+    words (``H200`` is in "NVIDIA H200", not in "NVIDIA GH200 480GB"), and none of whose
+    ``exclude`` words does ("NVIDIA H200 NVL" is another board); the longest match wins so
+    a more specific profile beats a general one.  None when none applies."""
     best: tuple[int, HardwareProfile] | None = None
     for path in _shipped("hardware").values():
         profile = _profile(_read_json(path), os.path.basename(path))
-        hits = [len(m) for m in profile.match if m.lower() in name]
+        if any(_has_words(device_name, x) for x in profile.exclude):
+            continue
+        hits = [len(m) for m in profile.match if _has_words(device_name, m)]
         if hits and (best is None or max(hits) > best[0]):
             best = (max(hits), profile)
     return best[1] if best else None

@@ -97,8 +97,25 @@ def _call(nvml: Any, name: str, *args: Any, conv: Callable[[Any], Any] | None = 
     return _get(fn, *args, conv=conv) if fn else f"unavailable: {name} not in this nvidia-ml-py"
 
 def _reasons_fn(nvml: Any) -> Callable[[Any], int] | None:
-    return getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    """The clock-event (throttle) reasons getter: ``...ClocksEventReasons`` (drivers from
+    R535), falling back to the deprecated ``...ClocksThrottleReasons`` when the driver lacks
+    the new symbol (the binding resolves it only when called: an older driver raises
+    FunctionNotFound then)."""
+    names = [n for n in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+             if getattr(nvml, n, None) is not None]
+    if not names:
+        return None
+
+    def reasons(h: Any) -> int:
+        err: Exception | None = None
+        for n in names:
+            try:
+                return getattr(nvml, n)(h)
+            except Exception as e:  # noqa: BLE001 - try the older name
+                err = e
+        raise err  # type: ignore[misc]
+
+    return reasons
 
 
 def _no_reasons(_h: Any) -> int:
@@ -142,20 +159,50 @@ def _torch_cuda() -> Any:
 
 def _nvml_handle(nvml: Any, device_index: int) -> tuple[Any, str]:
     """NVML handle of torch's device ``device_index``: by UUID when torch exposes it (so
-    CUDA_VISIBLE_DEVICES reordering cannot pick the wrong GPU), else by physical index."""
+    neither CUDA_VISIBLE_DEVICES reordering nor CUDA's fastest-first numbering can pick the
+    wrong GPU), else by CUDA_VISIBLE_DEVICES or physical index.
+
+    torch gives the UUID bare; NVML knows a whole GPU as ``GPU-<uuid>`` and a MIG slice as
+    ``MIG-<uuid>``: both are tried. A slice's clocks, temperature and power are its GPU's,
+    so the handle returned for one is its parent GPU's. When torch has a UUID that NVML
+    does not know, a handle found by index must carry that UUID, else LookupError: a
+    reading of another GPU is worse than none."""
     torch = _torch_cuda()
+    forms: list[str] = []
     if torch is not None:
         try:
             uuid = str(torch.cuda.get_device_properties(device_index).uuid)
-            uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid
+            forms = [uuid] if uuid.startswith(("GPU-", "MIG-")) else ["GPU-" + uuid, "MIG-" + uuid]
         except Exception:  # noqa: BLE001 - fall back to the index below
-            uuid = None
-        # Older nvidia-ml-py passes the argument to ctypes as is and wants bytes.
-        for arg in (uuid, uuid.encode()) if uuid else ():
-            try:
-                return nvml.nvmlDeviceGetHandleByUUID(arg), "uuid"
-            except Exception:  # noqa: BLE001
-                continue
+            forms = []
+        for form in forms:
+            # Older nvidia-ml-py passes the argument to ctypes as is and wants bytes.
+            for arg in (form, form.encode()):
+                try:
+                    h = nvml.nvmlDeviceGetHandleByUUID(arg)
+                except Exception:  # noqa: BLE001
+                    continue
+                if form.startswith("MIG-"):
+                    try:
+                        return nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h), "uuid (a MIG slice: its GPU's)"
+                    except Exception:  # noqa: BLE001 - the slice's own handle, whatever it can read
+                        return h, "uuid (a MIG slice)"
+                return h, "uuid"
+    h, how = _handle_by_index(nvml, device_index)
+    if forms:
+        try:
+            found = _text(nvml.nvmlDeviceGetUUID(h))
+        except Exception:  # noqa: BLE001 - nothing to check it against
+            return h, how + " (unverified)"
+        if found not in forms:
+            raise LookupError(f"NVML knows no device with CUDA device {device_index}'s UUID ({forms[0]}); "
+                              f"its {how} is {found}")
+    return h, how
+
+
+def _handle_by_index(nvml: Any, device_index: int) -> tuple[Any, str]:
+    """NVML handle of torch's device ``device_index`` through CUDA_VISIBLE_DEVICES (an index
+    or a UUID there), else NVML's own index."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     phys: int | str = device_index
     if visible is not None:

@@ -366,6 +366,10 @@ def test_into_cache_leaves_the_builds_where_a_run_looks(tmp_path):
     found = doc["builds"]
     assert [b["hash"] for b in found] == [b["hash"] for b in built]
     assert all(b["spill_stores"] is None and b["registers"] for b in found)  # read from the cubins
+    assert "unknown ('?')" in again.stdout
+    # so --fail-on-spill cannot call them free of spills
+    strict, _ = _compile([*args, "--fail-on-spill"], tmp_path, out=tmp_path / "strict.json", env=env)
+    assert strict.returncode == 1 and "came from a cache, where ptxas reports no spills" in strict.stderr
     # without --into-cache the command keeps to a private cache: Triton's own is left alone
     private, _ = _compile(ONE_NORM, tmp_path, out=tmp_path / "private.json",
                           env={"TRITON_CACHE_DIR": str(tmp_path / "no")})

@@ -231,6 +231,47 @@ def test_handle_follows_cuda_visible_devices(monkeypatch):
     assert by_uuid["available"] is False and "Not Found" in by_uuid["reason"]
 
 
+def _fake_cuda(monkeypatch, uuid):
+    props = types.SimpleNamespace(name="NVIDIA H200", uuid=uuid, major=9, minor=0, multi_processor_count=132,
+                                  L2_cache_size=60 * 2**20, total_memory=143 * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+
+
+def test_a_mig_slice_is_found_by_its_uuid_and_read_through_its_gpu(monkeypatch):
+    # torch gives the slice's UUID bare; NVML knows it as MIG-...; clocks are the GPU's
+    _fake_cuda(monkeypatch, "bbbb")
+    fake = FakeNVML(uuids=["GPU-aaaa", "MIG-bbbb"])
+    fake.nvmlDeviceGetDeviceHandleFromMigDeviceHandle = lambda h: ("handle", 0)
+    fp = env.fingerprint(None, nvml=fake)
+    gpu = fp["nvml"]["gpu"]
+    assert gpu["handle_by"] == "uuid (a MIG slice: its GPU's)" and gpu["uuid"] == "GPU-aaaa"
+    assert gpu["sm_clock_mhz"] == 1980 and fake.handles == []  # never guessed by index
+
+
+def test_a_gpu_nvml_does_not_know_is_not_read_by_index(monkeypatch):
+    # torch's device has a UUID NVML has not: the device at its index is another GPU, so
+    # its readings would be that GPU's; a reason instead
+    _fake_cuda(monkeypatch, "cccc")
+    snap = env.gpu_snapshot(0, nvml=FakeNVML(uuids=["GPU-aaaa"]))
+    assert snap["available"] is False
+    assert "NVML knows no device with CUDA device 0's UUID (GPU-cccc); its index 0 is GPU-aaaa" in snap["reason"]
+
+
+def test_a_driver_without_the_clock_event_reasons_call_falls_back_to_the_throttle_one():
+    fake = FakeNVML()
+
+    def missing(h):
+        raise FakeNVMLError("Function Not Found")
+
+    fake.nvmlDeviceGetCurrentClocksEventReasons = missing
+    fake.nvmlDeviceGetCurrentClocksThrottleReasons = fake._reasons
+    snap = env.gpu_snapshot(0, nvml=fake)
+    assert snap["throttle_reasons"] == ["hw_slowdown", "sw_power_cap"]
+
+
 def test_cuda_fingerprint_with_faked_device(monkeypatch):
     """The CUDA branch, run here against a faked H200: torch's device properties and NVML."""
     uuid = "0c6d1f3e-1111-2222-3333-444455556666"

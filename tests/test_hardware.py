@@ -91,6 +91,12 @@ def test_profile_for_device_name() -> None:
     assert profile_for_device_name("NVIDIA H100 NVL") is None  # a third H100 part: no shipped figures
     assert profile_for_device_name("NVIDIA RTX PRO 6000 Blackwell Server Edition").name == "rtx-pro-6000-blackwell"
     assert profile_for_device_name("NVIDIA A100-SXM4-80GB") is None
+    # whole words: a Grace Hopper's GH200 (96 GB HBM3 at ~4 TB/s) is not an H200; other boards
+    # of one chip are taken out by the profile's exclude list
+    assert profile_for_device_name("NVIDIA GH200 480GB") is None
+    assert profile_for_device_name("NVIDIA H200 NVL") is None
+    assert profile_for_device_name("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition") is None
+    assert profile_for_device_name("NVIDIA RTX PRO 6000 Blackwell Workstation Edition").name == "rtx-pro-6000-blackwell"
 
 
 def _write(tmp_path, data: dict):
