@@ -232,12 +232,14 @@ def test_handle_follows_cuda_visible_devices(monkeypatch):
 
 
 def _fake_cuda(monkeypatch, uuid):
+    """torch as it is on one H200 whose UUID (as torch gives it, bare) is ``uuid``."""
     props = types.SimpleNamespace(name="NVIDIA H200", uuid=uuid, major=9, minor=0, multi_processor_count=132,
                                   L2_cache_size=60 * 2**20, total_memory=143 * 2**30)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    return props
 
 
 def test_a_mig_slice_is_found_by_its_uuid_and_read_through_its_gpu(monkeypatch):
@@ -275,12 +277,7 @@ def test_a_driver_without_the_clock_event_reasons_call_falls_back_to_the_throttl
 def test_cuda_fingerprint_with_faked_device(monkeypatch):
     """The CUDA branch, run here against a faked H200: torch's device properties and NVML."""
     uuid = "0c6d1f3e-1111-2222-3333-444455556666"
-    props = types.SimpleNamespace(name="NVIDIA H200", uuid=uuid, major=9, minor=0, multi_processor_count=132,
-                                  L2_cache_size=60 * 2**20, total_memory=143 * 2**30)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    _fake_cuda(monkeypatch, uuid)
     monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "12.8")
     fp = env.fingerprint(None, nvml=FakeNVML(uuids=["GPU-" + uuid]))
     assert json.loads(json.dumps(fp)) == fp
@@ -302,13 +299,7 @@ def test_cuda_fingerprint_with_faked_device(monkeypatch):
 def test_the_machine_and_the_moment_part_of_a_fingerprint(monkeypatch):
     # pytest-benchmark warns when two runs' machine_info differ: it gets what stays the same
     # on one machine; the readings of the moment and the commit go to each bench's extra_info
-    props = types.SimpleNamespace(name="NVIDIA H200", uuid="0c6d1f3e-1111-2222-3333-444455556666", major=9,
-                                  minor=0, multi_processor_count=132, L2_cache_size=60 * 2**20,
-                                  total_memory=143 * 2**30)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    props = _fake_cuda(monkeypatch, "0c6d1f3e-1111-2222-3333-444455556666")
     fp = env.fingerprint(None, nvml=FakeNVML(uuids=["GPU-" + props.uuid]))
     machine, moment = env.split_fingerprint(fp)
     assert "git" not in machine and moment["git"] == fp["git"]
