@@ -321,9 +321,11 @@ def check_int4_weight(name: str, qweight: Tensor, scales: Tensor, k: int | None 
 def pack_int4(w: Tensor, group_size: int = 32, scale_dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:
     """Quantise ``w [E, N, K]`` to the INT4 checkpoint layout (module docstring).
 
-    Symmetric, round to nearest: ``scale = max|w| / 7`` over each group of ``group_size``
-    inputs (rounded to ``scale_dtype`` first, so unpacking with the stored scale is what
-    a kernel sees), ``q = clamp(round(w / scale), -8, 7)``.
+    Symmetric, round to nearest, as compressed-tensors quantises: ``scale = max|w| / 7.5``
+    (half the range -8..7) over each group of ``group_size`` inputs (rounded to
+    ``scale_dtype`` first, so unpacking with the stored scale is what a kernel sees),
+    ``q = clamp(round(w / scale), -8, 7)``: a group's most negative weight may be -8, the
+    nibble 0, as in real checkpoints.
 
     Returns:
         ``(qweight int32 [E, N, K / 8], scales scale_dtype [E, N, K / group_size])``.
@@ -338,7 +340,7 @@ def pack_int4(w: Tensor, group_size: int = 32, scale_dtype: torch.dtype = torch.
             or group_size % INT4_PER_WORD or k % group_size:
         raise ValueError(f"group_size: must be a multiple of {INT4_PER_WORD} dividing K = {k}, got {group_size!r}")
     g = w.float().view(e, n, k // group_size, group_size)
-    scale = (g.abs().amax(dim=-1) / 7).clamp_min(1e-8).to(scale_dtype)
+    scale = (g.abs().amax(dim=-1) / 7.5).clamp_min(1e-8).to(scale_dtype)
     q = torch.round(g / scale.float()[..., None]).clamp_(-8, 7).to(torch.int32) + 8  # 0..15
     q = q.view(e, n, k // INT4_PER_WORD, INT4_PER_WORD)
     shifts = torch.arange(0, 4 * INT4_PER_WORD, 4, dtype=torch.int32, device=w.device)
@@ -445,7 +447,9 @@ def moe_cost(T: int, H: int, I: int, top_k: int, distinct: int, weights: str, el
     """Bytes and FLOPs of one fused-experts call (formula in :func:`fused_moe_ref`).
 
     ``I`` is the per-rank intermediate size (w13 has 2I rows), ``distinct`` the experts
-    the routing touches, ``weights`` ``"bf16"`` or ``"int4"``.
+    the routing touches, ``weights`` ``"bf16"`` (dense, in the activations' dtype of
+    ``elem_bytes``: bf16 on a GPU, fp16 or fp32 on CPU) or ``"int4"`` (with scales of
+    ``scale_bytes`` per ``group_size`` inputs).
 
     Returns:
         ``(bytes, flops)``.
@@ -457,7 +461,7 @@ def moe_cost(T: int, H: int, I: int, top_k: int, distinct: int, weights: str, el
                          f"got {T}, {distinct}, {H}, {I}, {top_k}")
     per_expert = 3 * I * H  # 2I·H (w13) + H·I (w2) elements
     if weights == "bf16":
-        wbytes = per_expert * 2
+        wbytes = per_expert * elem_bytes
     else:
         wbytes = per_expert // 2 + per_expert // group_size * scale_bytes
     nbytes = distinct * wbytes + 2 * T * H * elem_bytes + 8 * T * top_k

@@ -397,7 +397,7 @@ def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]],
     """
     import gc
 
-    from .case import point_label, point_seed
+    from .case import point_label
 
     calls, seen = 0, 0
     for case in cases:
@@ -416,7 +416,7 @@ def compile_cases(cases: Sequence[Any], suite: str, picks: dict[str, list[str]],
                 progress(f"{case.id}: point {n + 1} of {len(points)} x {len(chosen)} variants ({label})")
             with session.using(f"{case.id} (setup)", label):
                 try:
-                    workload = case.setup(point, "cpu", point_seed(seed, case.id, point))
+                    workload = case.setup(point, "cpu", case.input_seed(seed, point))
                 except Exception as e:  # noqa: BLE001 - recorded; the next point still builds
                     session.fail(e)
                     continue

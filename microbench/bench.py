@@ -15,7 +15,7 @@ import functools
 import time
 from typing import Any
 
-from microbench.case import Case, Point, point_seed
+from microbench.case import Case, Point
 from microbench.gate import check_variant
 from microbench.timing import TimingOptions, measure
 
@@ -47,7 +47,7 @@ def bench_case(benchmark: Any, case: Case, point: Point, variant: str, *, device
         from microbench.distributed import solo_world
 
         solo_world(device)
-    s = point_seed(seed, case.id, point)
+    s = case.input_seed(seed, point)
     w = case.setup(point, device, s)
     gate = check_variant(v.fn, w.inputs, w.outputs, case.reference_for(w, v), **case.gate_tolerances(point), seed=s)
     if not gate.passed:

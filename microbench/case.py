@@ -157,6 +157,9 @@ class Case:
         "fp16": (2e-3, 2e-3),
         "bf16": (1.6e-2, 1.6e-2),
     }
+    #: Axes the inputs do not depend on: points that differ only there get the same seed, so
+    #: the same inputs (the MoE's INT4 and bf16 rows route the same tokens to the same experts).
+    unseeded_axes: ClassVar[tuple[str, ...]] = ()
     #: Bounds on the whole output's relative L2 error per dtype name (none: elementwise only).
     norm_tolerances: ClassVar[Mapping[str, float]] = {}
     #: Set on calibration cases: which ceiling their best OK result measures.
@@ -264,6 +267,11 @@ class Case:
         """Expected outputs (fp32), keyed like ``workload.outputs``; empty = nothing to check
         (only for cases whose call writes nothing, like the launch floor)."""
         raise NotImplementedError
+
+    def input_seed(self, run_seed: int, point: Point) -> int:
+        """The seed of the inputs at ``point`` (:func:`point_seed` over the axes the inputs
+        depend on)."""
+        return point_seed(run_seed, self.id, {k: v for k, v in point.items() if k not in self.unseeded_axes})
 
     def reference_for(self, workload: Workload, variant: Variant) -> Mapping[str, Any]:
         """What ``variant`` must produce on ``workload``: :meth:`reference`, unless a case

@@ -35,7 +35,7 @@ def _suite(case: Any, device: str) -> str:
 
 def _check_small(case: Any, variant: Any, device: str, seed: int) -> list[tuple[Any, str, bool]]:
     """The gate at the case's small odd shapes: (point, summary, passed) per point."""
-    from microbench.case import expand, point_label, point_seed
+    from microbench.case import expand, point_label
     from microbench.gate import check_variant
     from microbench.usercode import UserCodeError
 
@@ -43,7 +43,7 @@ def _check_small(case: Any, variant: Any, device: str, seed: int) -> list[tuple[
     for point in expand(case.check_axes(device)):
         if case.skip(point, device):
             continue
-        s = point_seed(seed, case.id, point)
+        s = case.input_seed(seed, point)
         w = case.setup(point, device, s)
         try:
             gate = check_variant(variant.fn, w.inputs, w.outputs, case.reference_for(w, variant), **case.gate_tolerances(point),

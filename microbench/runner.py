@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from microbench import probe, stats, verdicts
-from microbench.case import Case, Point, Variant, expand, narrow, point_label, point_seed
+from microbench.case import Case, Point, Variant, expand, narrow, point_label
 from microbench.env import ClockSampler
 from microbench.gate import check_variant
 from microbench.outcome import agreed_outcome, agreed_reason, attempt, error_text, failure
@@ -175,7 +175,7 @@ class Runner:
         budget per variant when a deadline cut it below the run's (recorded and noted)."""
         o = self.opts
         dev = o.device
-        seed = point_seed(o.seed, case.id, point)
+        seed = case.input_seed(o.seed, point)
         forced = case.point_timing_mode(point)
         cut = budget_s is not None and budget_s < o.timing.budget_s
         timing = replace(o.timing, mode=forced or o.timing.mode, budget_s=budget_s if cut else o.timing.budget_s)

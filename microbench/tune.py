@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from microbench.case import Case, Point, Workload, point_label, point_seed
+from microbench.case import Case, Point, Workload, point_label
 from microbench.gate import check_variant
 from microbench.outcome import error_text
 from microbench.report import fmt_time
@@ -87,7 +87,7 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
 
     for i, (case, point) in enumerate(items, 1):
         log(f"[{i}/{len(items)}] {case.id} {point_label(point)}")
-        trial = Trial(case, point, device, point_seed(seed, case.id, point), timing, cache_bytes, max_trials, log)
+        trial = Trial(case, point, device, case.input_seed(seed, point), timing, cache_bytes, max_trials, log)
         t0 = time.perf_counter()
         try:
             found = case.tune(point, device, trial)

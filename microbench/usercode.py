@@ -142,7 +142,7 @@ class WithVariant(Case):
             raise UserCodeError(f"variant name {extra.name!r} is taken in {inner.id} (its variants: "
                                 f"{', '.join(v.name for v in inner.variants())}): choose another with --name")
         self.inner, self.extra = inner, extra
-        for attr in ("id", "title", "baseline", "order", "tolerances", "norm_tolerances", "ceiling", "timing_mode", "distributed",
+        for attr in ("id", "title", "baseline", "order", "tolerances", "norm_tolerances", "unseeded_axes", "ceiling", "timing_mode", "distributed",
                      "profile_calls", "scaffold_from"):
             setattr(self, attr, getattr(inner, attr))
 

@@ -70,6 +70,16 @@ def test_int4_expert_weights_use_every_nibble_and_varied_group_scales():
         assert 0.8 < float(unpack_int4(q, sc).std()) * k ** 0.5 < 1.25
 
 
+def test_the_weight_kinds_and_dtypes_of_a_point_route_alike():
+    # the inputs' seed leaves out the weights and the dtype: an INT4 row and a bf16 row of
+    # one layout and token count time the same routing (under EP, the same local pairs)
+    case = moe_cases.MoEExpertsCase()
+    point = {"layout": "kimi-ep8", "weights": "int4", "tokens": 8, "routing": "router", "dtype": "bf16"}
+    seeds = {case.input_seed(0, {**point, "weights": w, "dtype": d}) for w in ("int4", "bf16") for d in ("bf16", "fp16")}
+    assert len(seeds) == 1
+    assert case.input_seed(0, {**point, "tokens": 4}) not in seeds and case.input_seed(1, point) not in seeds
+
+
 def test_routings_are_seeded_draws_not_fixed_patterns():
     s = moe_shape("mini")
     a = routing(s, 2, "distinct", torch.float32, "cpu", 0)[2]

@@ -170,6 +170,8 @@ def test_moe_cost_by_hand():
     # group 16 with fp32 scales: 3072 + 384 * 4 = 4608 per expert; fp32 activations: 2*2*64*4 = 1024
     assert moe_cost(2, 64, 32, 2, 3, "int4", elem_bytes=4, group_size=16, scale_bytes=4) == \
         (3 * 4608 + 1024 + 32, 49152)
+    # dense weights are in the activations' dtype: fp32 ones move 4 bytes each
+    assert moe_cost(2, 64, 32, 2, 3, "bf16", elem_bytes=4) == (3 * 6144 * 4 + 1024 + 32, 49152)
     # no tokens, no experts touched: nothing moves
     assert moe_cost(0, 64, 32, 2, 0, "bf16") == (0, 0)
     with pytest.raises(ValueError, match="weights"):
