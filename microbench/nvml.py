@@ -18,6 +18,11 @@ mW), ``throttle_mask``, ``throttle_reasons`` (names), ``pstate`` ("P0").
 
 A statistic no sample could read is null (``n`` 0) with ``"reason": "unavailable: <why>"``.
 
+``power_w`` is ``nvmlDeviceGetPowerUsage``, which on Ampere (but GA100) and newer GPUs,
+Hopper included, NVML documents as an average over the last second: a point shorter than
+that reads partly the one before it. The power limit and the throttle reasons (a power cap
+shows there as it happens) are what to read for a short point.
+
 NVML is ``pynvml`` from nvidia-ml-py, imported and initialised lazily once per process
 (nvmlInit is reference-counted; it is never shut down). Every NVML-using function takes
 ``nvml=`` so tests can pass a fake module.
