@@ -301,7 +301,9 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=Non
         with torch.cuda.stream(side):
             warm = _warm(calls, side.synchronize, 0.0, agreed)
         torch.cuda.current_stream().wait_stream(side)
-        n = opts.graph_calls or max(k, 16)
+        # one count on every rank (the ranks' copies follow each one's own L2 size): a graph
+        # of collectives captured with more calls on one rank than another would never meet
+        n = int(agreed(float(opts.graph_calls or max(k, 16))))
         if n < k:
             notes.append(f"graph of {n} calls rotates through {n} of the {k} input copies")
             k = n
