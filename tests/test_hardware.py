@@ -129,6 +129,7 @@ def test_profile_optional_figure_may_be_absent(tmp_path) -> None:
     (lambda r: r["figures"].update(hbm_bw={}), r"unknown figure 'hbm_bw'"),
     (lambda r: r["interconnect"].update(kind="infiniband"), r"interconnect kind must be one of"),
     (lambda r: r.update(match=[]), r"'match' must be a non-empty list"),
+    (lambda r: r.update(exclude="NVL"), r"'exclude' must be a list of device-name words"),
     (lambda r: r.update(aliases="h200"), r"'aliases' must be a list of short lowercase names"),
     (lambda r: r.update(aliases=["H200"]), r"'aliases' must be a list of short lowercase names"),
 ])
