@@ -109,9 +109,11 @@ def crossovers(records: Iterable[dict[str, Any]], axis: str, baseline: str) -> l
 
 
 def _row(r: dict[str, Any], axes: list[str], derived: list[str], notes: list[str]) -> list[Any]:
-    t = (r.get("timing") or {}).get("summary") or {}
-    timing = r.get("timing") or {}
     status = r["status"]
+    # a record failed in a later --repeat pass keeps its earlier timing in the file; its row
+    # shows none of it
+    timing = (r.get("timing") or {}) if status == "OK" else {}
+    t = timing.get("summary") or {}
     # a reason (not OK) or a timing note (OK, e.g. a cache graph mode could not keep cold)
     # goes under the table, numbered, once per distinct text
     for text in [r.get("reason")] if r["status"] != "OK" else timing.get("notes") or []:
@@ -153,11 +155,45 @@ def describe_run(doc: dict[str, Any]) -> str:
     srcs = sorted({r["floor_source"] for r in doc["records"] if r.get("floor_source")})
     if srcs:
         lines.append("% floor against: " + "; ".join(srcs))
+    lines += _ceiling_warnings(ceil, name, doc["records"])
     if not run.get("complete", True):
         lines.append("INCOMPLETE run" + (" (interrupted)" if run.get("interrupted") else "") + ": finished cases only.")
     if not doc["records"]:
         lines.append("no records: the run finished no point" + ("" if run.get("complete", True) else " before it ended"))
     return "\n".join(lines)
+
+
+#: a measured ceiling this far from the datasheet's is worth a line: (below, above)
+CEILING_SANE = (0.5, 1.05)
+
+
+def _ceiling_warnings(ceil: dict[str, Any], device_name: Any, records: list[dict[str, Any]]) -> list[str]:
+    """Lines for what can make "% floor" mislead: a measured ceiling far from the GPU's
+    datasheet figure (a busy or throttled GPU reads low, and every row against it reads
+    high), and rows faster than their floor."""
+    out = []
+    try:
+        from microbench.hardware import profile_for_device_name
+
+        prof = profile_for_device_name(device_name) if isinstance(device_name, str) else None
+    except Exception:  # noqa: BLE001 - a note, never a failure of the report
+        prof = None
+    sheet = {"memory_bandwidth": getattr(prof, "memory_bandwidth", None),
+             "matmul_flops": getattr(prof, "bf16_dense_flops", None)}
+    for kind, v in ceil.items():
+        fig = sheet.get(kind)
+        if fig is None or not fig.value:
+            continue
+        share = v["value"] / fig.value
+        if not CEILING_SANE[0] <= share <= CEILING_SANE[1]:
+            out.append(f"note: measured {kind} is {100 * share:.0f}% of {prof.name}'s datasheet "
+                       f"{_ceiling_text(kind, {'value': fig.value})}: the rows read against it read "
+                       f"{'high' if share < 1 else 'low'}")
+    over = [r for r in records if (r.get("pct_of_floor") or 0) > 100]
+    if over:
+        out.append(f"note: {len(over)} row(s) ran faster than their floor (% floor over 100): the ceiling they "
+                   "are read against is low, or their bytes / FLOPs are over-counted")
+    return out
 
 
 def _ceiling_text(kind: str, v: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ FAILED with its error and the run goes on.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -146,27 +147,46 @@ class Runner:
             terms.append((rec["bytes"] / bw, bw_src))
         if rec["flops"] and fl:
             terms.append((rec["flops"] / fl, fl_src))
+        rec["floor_s"] = rec["floor_source"] = rec["pct_of_floor"] = None  # against no ceiling: none
         if terms:
             floor, src = max(terms)
             rec["floor_s"], rec["floor_source"] = floor, src
             rec["pct_of_floor"] = 100.0 * floor / t
 
     def _update_ceilings(self, case: Case, recs: list[dict[str, Any]]) -> None:
-        ok = [r for r in recs if r["status"] == "OK" and case.counts_for_ceiling(r)]
+        """Raise (or set) ``case.ceiling`` to the best of ``recs``: OK records whose median
+        has a bound (a finite noise), each read at its own (pooled) median."""
+        ok = [r for r in recs if r["status"] == "OK" and r.get("timing") and case.counts_for_ceiling(r)
+              and math.isfinite(r["timing"]["summary"].get("rel_noise", math.inf))]
         if not case.ceiling or not ok:
             return
         src = f"{case.id} in this run"
+        med = lambda r: r["timing"]["summary"]["median"]  # noqa: E731
         if case.ceiling == "memory_bandwidth":
-            best = max(r["gbps"] * 1e9 for r in ok)
-            unit = "B/s"
+            unit, value = "B/s", (lambda r: r["bytes"] / med(r))
         elif case.ceiling == "matmul_flops":
-            best, unit = max(r["tflops"] * 1e12 for r in ok), "FLOP/s"
+            unit, value = "FLOP/s", (lambda r: r["flops"] / med(r))
         else:
-            best, unit = min(r["timing"]["summary"]["median"] for r in ok), "s"
+            unit, value = "s", med
+        win = (min if unit == "s" else max)(ok, key=value)
+        best = value(win)
         prev = self.ceilings.get(case.ceiling)
         better = prev is None or (best < prev["value"] if unit == "s" else best > prev["value"])
         if better:
-            self.ceilings[case.ceiling] = {"value": best, "unit": unit, "source": src, "axes": ok[0]["axes"]}
+            self.ceilings[case.ceiling] = {"value": best, "unit": unit, "source": src, "axes": win["axes"]}
+
+    def _settle_ceilings(self, cases: Sequence[Case]) -> None:
+        """The run's ceilings from its kept records (pooled over --repeat passes; a record
+        failed in a later pass no longer counts), and every OK record's floor against them:
+        the points timed before a ceiling was measured, or raised, are read against it too."""
+        self.ceilings = {}
+        for case in cases:
+            self._update_ceilings(case, [r for r in self.records if r["case"] == case.id])
+        for r in self.records:
+            if r["status"] == "OK" and r.get("timing"):
+                self._floor(r)
+        if self.writer is not None:
+            self.writer.doc["run"]["ceilings"] = self.ceilings
 
     # ------------------------------------------------------------------ one point
 
@@ -256,14 +276,15 @@ class Runner:
                 if cut:
                     r["timing"]["budget_s"] = timing.budget_s
                     r["timing"]["notes"].append(DEADLINE_NOTE)
-                self._floor(r)
+            # a calibration point's own ceiling first: its rows are read against what they measured
+            self._update_ceilings(case, [recs[v] for v in measured])
+            for v in measured:
+                self._floor(recs[v])
             self._vs_baseline(case, recs)
         for name, call in profiled.items():  # after the timing: a profiler session never precedes it
             if recs[name]["status"] == "OK":
                 recs[name]["profile"] = profile_call(call)
-        out = [recs[v.name] for v in variants if v.name in recs]
-        self._update_ceilings(case, out)
-        return out
+        return [recs[v.name] for v in variants if v.name in recs]
 
     def _probe(self, dev: str) -> tuple[dict[str, Any] | None, str | None]:
         """The environment probe (None when the run takes none) and, when it failed (say,
@@ -389,6 +410,7 @@ class Runner:
             self.progress(time_split_text([r for recs in kept.values() for r in recs], time.perf_counter() - t0))
             if pace.cut_points:
                 self.progress(pace.summary())
+        self._settle_ceilings(list({c.id: c for c, _ in p.items}.values()))
         self._derive(p)
         return self.records
 
@@ -452,7 +474,9 @@ def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) ->
         if o["status"] != "OK":
             continue
         if n["status"] != "OK":
-            o.update(status="FAILED", reason=f"pass {k + 1}: {n['reason']}")
+            # its rates go with it: a FAILED row shows no figure of a pass that ran before
+            o.update(status="FAILED", reason=f"pass {k + 1}: {n['reason']}", gbps=None, tflops=None,
+                     pct_of_floor=None, floor_s=None, floor_source=None)
             continue
         t, nt = o["timing"], n["timing"]
         t.setdefault("passes", [len(t["samples_s"])]).append(len(nt["samples_s"]))
