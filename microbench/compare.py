@@ -107,7 +107,7 @@ def _per_floor(b: Mapping[str, Any], n: Mapping[str, Any]) -> tuple[float, float
 
 def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantile: float,
           probe_correct: bool, relative: tuple[Mapping, Mapping] | None = None,
-          pooled: tuple[float, int] | None = None, per_floor: bool = False) -> dict[str, Any]:
+          pooled: tuple[float, int] | None = None, per_floor: bool = False, same_run: bool = True) -> dict[str, Any]:
     """One matched pair's row. ``pooled``: the run's typical wander, used when this
     record's own could not be estimated (too few samples for two blocks). ``per_floor``:
     each sample divided by its record's floor first (time over the roofline of its own
@@ -150,18 +150,27 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
         if (b["timing"].get("rotation", 1) > 1) != (n["timing"].get("rotation", 1) > 1):
             row["notes"].append("interleaved order rotated on one side only (a file from before rotation): "
                                 "a call's place in its round may show in the ratio")
-    wander, df = verdicts.combined_wander(bs, bpass, ns, npass)
-    own_df = df
-    if df == 0 and pooled is not None:
-        wander, df = pooled
-        row["notes"].append(f"too few samples to see its own wander: the run's typical ±{100 * wander:.1f}% used")
+    # each side's wander; a side too short to show its own takes the run's typical one
+    sides = [verdicts.block_wander(bs, bpass), verdicts.block_wander(ns, npass)]
+    own_df = sides[0][1] + sides[1][1]
+    row["short"] = not all(d for _, d in sides)  # a side without its own wander: the run's is lent
+    wander, df = math.hypot(sides[0][0], sides[1][0]), own_df
+    if pooled is not None and row["short"]:
+        # the run's typical wander is a pair's (both sides together): half its variance a side
+        lent = [(pooled[0] / math.sqrt(2), pooled[1]) if not d else (w, d) for w, d in sides]
+        wander, df = math.hypot(lent[0][0], lent[1][0]), max(d for _, d in lent)
+        row["notes"].append(f"too few samples to see its own wander: the run's typical ±{100 * pooled[0]:.1f}% used")
+    if probes and probe_correct:
+        # dividing by the probe's move brings in the probe's own wander too
+        (pb, pdb), (pn, pdn) = verdicts.block_wander(bp), verdicts.block_wander(np_)
+        wander, df = math.sqrt(wander ** 2 + pb ** 2 + pn ** 2), df + pdb + pdn
     env = float(np.median(np_) / np.median(bp)) if probes else None
     # an uncorrected probe move bounds what the machine alone could have done to this case
     shift = abs(math.log(env)) if env and not probe_correct else 0.0
     v = verdicts.compare_samples(bs, ns, min_effect=min_effect, env_sigma=wander, env_df=df, quantile=quantile,
                               base_probe=bp if probes and probe_correct else None,
                               new_probe=np_ if probes and probe_correct else None, env_shift=shift,
-                              half_ticks=ticks)
+                              half_ticks=ticks, identical_is_same=same_run)
     row.update(label=v.label, ratio=v.ratio, lo=v.lo, hi=v.hi, raw_ratio=v.raw_ratio, env_ratio=env,
                wander=wander, wander_df=own_df, explain=v.explain())
     if wander > min_effect:
@@ -224,13 +233,17 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     rel = (({record_key(r): r for r in base["records"]}, {record_key(r): r for r in new["records"]})
            if relative else None)
     keys = [k for k in nmap if k in bmap]
-    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel, per_floor=per_floor) for k in keys]
-    # a record too short to show its own wander borrows the run's typical one
-    seen = [(r["wander"], r["wander_df"]) for r in rows if r.get("wander_df")]
+    # one run on both sides (a file with itself): equal samples are one measurement, SAME;
+    # two runs whose quantised samples agree by chance are judged as any other pair
+    same = base["run"].get("id") is not None and base["run"].get("id") == new["run"].get("id")
+    rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel, per_floor=per_floor, same_run=same)
+            for k in keys]
+    # a record too short to show its own wander borrows the run's typical one (per side)
+    seen = [(r["wander"], r["wander_df"]) for r in rows if r.get("wander_df") and not r.get("short")]
     if seen:
         pooled = (float(np.median([w for w, _ in seen])), int(min(d for _, d in seen)))
-        rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel, pooled, per_floor)
-                if r.get("wander_df") == 0 else r for r, k in zip(rows, keys)]
+        rows = [_pair(bmap[k], nmap[k], min_effect, q, probe_correct, rel, pooled, per_floor, same)
+                if r.get("short") else r for r, k in zip(rows, keys)]
     for row, k in zip(rows, keys):
         if vmap and bmap[k]["variant"] != nmap[k]["variant"]:
             row["variant"] = f"{bmap[k]['variant']}->{nmap[k]['variant']}"

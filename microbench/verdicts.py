@@ -53,7 +53,7 @@ of resampled elements at a time, and deterministic for a given seed.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from statistics import NormalDist
 from typing import Any, Mapping, Sequence
 
@@ -239,6 +239,7 @@ def compare_samples(
     env_df: int = 0,
     env_shift: float = 0.0,
     half_ticks: tuple[float, float] | None = None,
+    identical_is_same: bool = True,
 ) -> Verdict:
     """Verdict for two separate (unpaired) runs: ratio = median(new) / median(base).
 
@@ -271,6 +272,11 @@ def compare_samples(
     beside the case in each run) the ratio is divided by median(new_probe) /
     median(base_probe) and all four sets are bootstrapped jointly (ratio of ratios per
     draw). Give both probes or neither.
+
+    ``identical_is_same``: equal sample sets on both sides are one measurement compared
+    with itself (a file with itself): SAME, [1, 1]. False where equal sets are a chance
+    (two measurements whose quantised samples happen to agree): the interval then comes
+    from the ticks and the bootstrap as any other.
     """
     _check_args(min_effect, confidence, n_boot)
     b = _as_samples(base, "base", positive=True)
@@ -289,7 +295,7 @@ def compare_samples(
         env = stat(nprobe) / stat(bp)
         sets += [bp, nprobe]
     ratio = raw if env is None else raw / env
-    if all(np.array_equal(sets[i], sets[i + 1]) for i in range(0, len(sets), 2)):
+    if identical_is_same and all(np.array_equal(sets[i], sets[i + 1]) for i in range(0, len(sets), 2)):
         # The same measurement on both sides (a run compared with itself): there is no
         # sampling difference between them to be uncertain about.
         return Verdict(label="SAME", ratio=1.0, lo=1.0, hi=1.0, raw_ratio=1.0, env_ratio=None if env is None else 1.0,
@@ -350,8 +356,14 @@ def block_sigma(samples: Sequence[float], passes: Sequence[int] | None = None, b
 
 
 def block_wander(samples: Sequence[float], passes: Sequence[int] | None = None, blocks: int = 5,
-                 min_per_block: int = 6) -> tuple[float, int]:
-    """:func:`block_sigma` and its degrees of freedom (blocks - 1; 0 when not estimated)."""
+                 min_per_block: int = 6, short: bool = False) -> tuple[float, int]:
+    """:func:`block_sigma` and its degrees of freedom (blocks - 1; 0 when not estimated).
+
+    ``short``: a record too short for ``blocks`` blocks of ``min_per_block`` (a quiet GPU
+    kernel stops at 10-30 samples) is cut into 3 blocks of at least 3: a rough estimate,
+    with its 2 degrees of freedom (a wide Student-t quantile), rather than none, which read
+    a drift between two variants timed one after the other as code (:func:`within_run`;
+    ``compare`` lends such a record its run's typical wander instead). Under 9: none."""
     x = np.asarray(samples, dtype=np.float64)
     if passes is not None and len(passes) >= 3 and sum(passes) == x.size and min(passes) >= min_per_block:
         edges = np.cumsum([0, *passes])
@@ -359,7 +371,9 @@ def block_wander(samples: Sequence[float], passes: Sequence[int] | None = None, 
         return float(np.std(np.log(meds), ddof=1)), len(passes) - 1
     m = x.size // blocks
     if m < min_per_block:
-        return 0.0, 0
+        if not short or x.size < 9:
+            return 0.0, 0
+        blocks, m = 3, x.size // 3
     meds = np.median(x[: m * blocks].reshape(blocks, m), axis=1)
     return float(np.std(np.log(meds), ddof=1)), blocks - 1
 
@@ -394,9 +408,36 @@ def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: 
     if interleaved:
         return compare_paired(base["samples_s"], new["samples_s"], min_effect=min_effect,
                               rotation=rotations(new), passes=new.get("passes"), half_ticks=ticks)
-    wander, df = combined_wander(base["samples_s"], base.get("passes"), new["samples_s"], new.get("passes"))
-    return compare_samples(base["samples_s"], new["samples_s"], min_effect=min_effect, env_sigma=wander, env_df=df,
-                           half_ticks=ticks)
+    sides = [block_wander(t["samples_s"], t.get("passes"), short=True) for t in (base, new)]
+    v = compare_samples(base["samples_s"], new["samples_s"], min_effect=min_effect,
+                        env_sigma=math.hypot(sides[0][0], sides[1][0]), env_df=sides[0][1] + sides[1][1],
+                        half_ticks=ticks, identical_is_same=False)
+    if v.label != "UNSURE" and not all(df for _, df in sides):
+        # timed one after the other, and too short to show how far either wandered meanwhile:
+        # a difference could be the machine's
+        v = replace(v, label="UNSURE")
+    return v
+
+
+def _excess_wander(r: np.ndarray, blocks: int = 5, min_per_block: int = 6) -> float:
+    """How far the medians of ``blocks`` consecutive blocks of per-round ratios spread
+    beyond what independent rounds would give them (log-space sigma; 0 when they do not,
+    or the series is too short). Noise that persists over rounds on one variant alone
+    (its own slow state, not shared with the other) does not cancel in a round's ratio,
+    and a bootstrap of the rounds, which takes them as independent, would not see it."""
+    m = r.size // blocks
+    if m < min_per_block:
+        return 0.0
+    lr = np.log(r[: m * blocks])
+    meds = np.median(lr.reshape(blocks, m), axis=1)
+    s = 1.4826 * float(np.median(np.abs(lr - np.median(lr))))  # the rounds' own spread, robustly
+    expected = (1.2533 * s) ** 2 / m  # a median's variance over m independent rounds
+    seen = float(np.var(meds, ddof=1))
+    # only a spread independent rounds would rarely show (chi-square, 4 degrees of freedom,
+    # 95%: 9.49 / 4) widens: otherwise the estimate's own noise would widen every interval
+    if seen <= 2.37 * expected:
+        return 0.0
+    return math.sqrt(seen - expected)
 
 
 def paired_ratios(base: Sequence[float], new: Sequence[float], rotation: int | Sequence[int] = 1,
@@ -477,6 +518,7 @@ def compare_paired(
         lo, hi = _interval(boot, confidence)
         ub, un = half_ticks if half_ticks is not None else _half_ticks([b, n])
         lo, hi, tick = _tick_bound(ratio, lo, hi, [un], [ub])
+        lo, hi = _widen(ratio, lo, hi, _excess_wander(r), confidence, 4)
     return Verdict(
         label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=ratio,
         env_ratio=None, min_effect=float(min_effect), confidence=float(confidence),

@@ -442,3 +442,33 @@ def test_block_wander_degrees_of_freedom_and_passes() -> None:
     # two records together: root sum of squares, degrees of freedom added
     y = np.array(lognormal(rng, 500, 0.02))
     assert combined_wander(x, None, y, None) == (pytest.approx(math.hypot(sigma, block_sigma(y))), 8)
+
+
+def test_two_short_records_timed_one_after_the_other_under_drift_are_not_a_verdict() -> None:
+    # a quiet kernel stops at ~20 samples; the machine drifts 5% across base then new: the
+    # ratio is 1.05 with no change of code, and each record is too short for five blocks
+    from microbench.verdicts import within_run
+
+    rng = np.random.default_rng(3)
+    t = 1 + 0.05 * np.linspace(0, 1, 40)
+    x = t * np.exp(rng.normal(0, 0.003, 40)) * 1e-3
+    v = within_run({"samples_s": list(x[:20])}, {"samples_s": list(x[20:])}, interleaved=False)
+    assert v.label == "UNSURE", v.explain()
+    # the same samples on both sides by chance: judged, not taken as one measurement
+    same = within_run({"samples_s": [2e-6] * 12}, {"samples_s": [2e-6] * 12}, interleaved=False)
+    assert same.method != "identical-samples"
+
+
+def test_noise_that_persists_on_one_variant_widens_the_paired_interval() -> None:
+    # per-variant AR(1) noise (phi 0.98, 2%): rounds are not independent, and the bootstrap
+    # alone called such A/A pairs FASTER or SLOWER about one time in four
+    rng = np.random.default_rng(5)
+
+    def ar(n):
+        e, z = np.zeros(n), rng.normal(0, 0.02 * np.sqrt(1 - 0.98 ** 2), n)
+        for i in range(1, n):
+            e[i] = 0.98 * e[i - 1] + z[i]
+        return np.exp(e) * 1e-3
+
+    labels = [compare_paired(list(ar(60)), list(ar(60))).label for _ in range(40)]
+    assert not {"FASTER", "SLOWER"} & set(labels), labels
