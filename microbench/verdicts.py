@@ -8,8 +8,8 @@ The verdict rule (:func:`classify`), the same for both comparisons, with ``e`` t
 minimum effect (default 2%) and ``[lo, hi]`` the interval of the ratio:
 
 ``SLOWER``  ``lo > 1 + e``  (the whole interval beyond the minimum effect)
-``FASTER``  ``hi < 1 - e``
-``SAME``    ``1 - e <= lo`` and ``hi <= 1 + e``
+``FASTER``  ``hi < 1 / (1 + e)``
+``SAME``    ``1 / (1 + e) <= lo`` and ``hi <= 1 + e``
 ``UNSURE``  anything else
 
 Why each part:
@@ -17,16 +17,20 @@ Why each part:
 * A verdict needs the whole interval past the minimum effect, not just past 1: an
   interval that merely excludes 1 says "different", but a true 1% shift under 5% noise
   then reads SLOWER in ~7% of 50-sample comparisons (its estimate overshoots 2% with an
-  interval clear of 1). Requiring ``lo > 1 + e`` makes that a ~0.3% event while a real
-  10% change under the same noise (interval half-width ~2.5%) is still SLOWER.
+  interval clear of 1). Requiring ``lo > 1 + e`` makes that a ~0.3% event at 30-60
+  samples (about 1% at the fewest a verdict takes, 6-10) while a real 10% change under
+  the same noise (interval half-width ~2.5%) is still SLOWER.
+* The band is symmetric in log space, ``[1 / (1 + e), 1 + e]``: A against B and B against
+  A then get mirrored verdicts (``1 - e`` on the fast side called ×1.0201 [1.0201, 1.05]
+  SLOWER one way and UNSURE the other).
 * The minimum effect itself: a difference smaller than ``e`` is either too small to
   matter for a kernel change, or cannot be separated from the shifts between runs that
   no within-run interval sees (the same code in separate processes on a shared machine
   moves by several percent). A narrow interval that excludes 1 but sits inside
-  ``[1 - e, 1 + e]`` is therefore ``SAME``: a real but negligible difference.
+  ``[1 / (1 + e), 1 + e]`` is therefore ``SAME``: a real but negligible difference.
 * A change that is probably real but whose interval reaches back inside ``e`` (say
   ×1.05 [1.01, 1.09]) is ``UNSURE``: more samples decide it, a label would overclaim.
-* ``SAME`` needs the *whole* interval inside ``[1 - e, 1 + e]``: only then do the samples
+* ``SAME`` needs the *whole* interval inside ``[1 / (1 + e), 1 + e]``: only then do the samples
   rule out an effect that matters. A wide interval around 1 proves nothing either way,
   and neither does a large ratio whose interval still reaches 1: both are ``UNSURE``,
   and the answer is more samples or less noise, not a label.
@@ -156,9 +160,9 @@ def classify(ratio: float, lo: float, hi: float, min_effect: float) -> str:
     e = min_effect
     if lo > 1.0 + e:
         return "SLOWER"
-    if hi < 1.0 - e:
+    if hi < 1.0 / (1.0 + e):
         return "FASTER"
-    if 1.0 - e <= lo and hi <= 1.0 + e:
+    if 1.0 / (1.0 + e) <= lo and hi <= 1.0 + e:
         return "SAME"
     return "UNSURE"
 

@@ -144,10 +144,16 @@ def test_classify_rule_and_edges() -> None:
     # Boundaries: a verdict needs the whole interval past the effect; SAME includes its edges.
     assert classify(1.03, 1.021, 1.04, e) == "SLOWER"
     assert classify(1.03, 1.02, 1.04, e) == "UNSURE"
-    assert classify(1.0, 0.98, 1.02, e) == "SAME"
+    # the band is symmetric in log space: [1 / 1.02, 1.02], so A vs B mirrors B vs A
+    assert classify(1.0, 1 / 1.02, 1.02, e) == "SAME"
+    assert classify(1.0, 0.98, 1.02, e) == "UNSURE"  # 0.98 is 2.04% faster: past the band
     assert classify(1.0, 0.0, math.inf, e) == "UNSURE"
-    assert classify(0.97, 0.96, 0.979, e) == "FASTER"
-    assert classify(0.97, 0.96, 0.98, e) == "UNSURE"  # FASTER's edge belongs to the effect, as SLOWER's does
+    assert classify(0.97, 0.96, 0.98, e) == "FASTER"
+    assert classify(0.97, 0.96, 1 / 1.02, e) == "UNSURE"  # FASTER's edge belongs to the effect, as SLOWER's does
+    for lo, hi in ((1.0201, 1.05), (1.01, 1.03), (0.99, 1.019)):  # mirrored intervals, mirrored verdicts
+        mirrored = {"SLOWER": "FASTER", "FASTER": "SLOWER"}
+        one = classify(math.sqrt(lo * hi), lo, hi, e)
+        assert classify(1 / math.sqrt(lo * hi), 1 / hi, 1 / lo, e) == mirrored.get(one, one)
     with pytest.raises(ValueError, match="min_effect"):
         classify(1.0, 0.99, 1.01, -0.01)
     with pytest.raises(ValueError):
