@@ -343,6 +343,17 @@ def _attention_lines(est: _Estimator, s: Scenario, scope: str, weights: str | No
     return lines
 
 
+def _dense_layer(est: _Estimator, s: Scenario, scope: str, inter: int, weights: str | None,
+                 cost: Cell) -> tuple[list[Line], dict[tuple[str, str], float]]:
+    """A decoder layer with a dense MLP of ``inter`` columns a rank, its projections held as
+    ``weights``: its lines, the exposed launches last, and its totals per (phase, mode)."""
+    lines = _attention_lines(est, s, scope, weights) + [
+        _fill(Line("dense MLP", scope, {p: 3 for p in PHASES}),
+              lambda p, m: est.mlp(s.tokens(p), inter, "dense MLP", weights))]
+    exposed, totals = _launch_line(lines, scope, cost)
+    return lines + [exposed], totals
+
+
 def _fill(line: Line, fn) -> Line:
     for p in PHASES:
         for m in MODES:
@@ -391,13 +402,10 @@ def budget(s: Scenario, measured: Measured | None = None) -> Budget:
                                   launch)
     moe_exposed, moe_tot = _launch_line(moe, "MoE layer", launch)
     moe.append(moe_exposed)
-    dense = _attention_lines(est, s, "dense layer", other) + [
-        _fill(Line("dense MLP", "dense layer", {p: 3 for p in PHASES}),
-              lambda p, m: est.mlp(s.tokens(p), r.dense_intermediate_per_rank, "dense MLP", other))]
-    dense_exposed, dense_tot = _launch_line(dense, "dense layer", launch)
-    dense.append(dense_exposed)
-    if not model.n_dense_layers:  # nothing to show: no layer of the model is dense
-        dense, dense_tot = [], {k: 0.0 for k in dense_tot}
+    if model.n_dense_layers:
+        dense, dense_tot = _dense_layer(est, s, "dense layer", r.dense_intermediate_per_rank, other, launch)
+    else:  # nothing to show: no layer of the model is dense
+        dense, dense_tot = [], {k: 0.0 for k in moe_tot}
     head = [_fill(Line("final norm + lm_head", "step", {p: 2 for p in PHASES}), lambda p, m: est.lm_head(s.tokens(p)))]
     head_exposed, head_tot = _launch_line(head, "step", launch)
     step = {k: model.n_moe_layers * moe_tot[k] + model.n_dense_layers * dense_tot[k] + head_tot[k] for k in moe_tot}
@@ -408,11 +416,7 @@ def budget(s: Scenario, measured: Measured | None = None) -> Budget:
     else:
         # an EAGLE-3 head: one decoder layer with the model's attention and a dense MLP of
         # intermediate_size, in bf16 whatever the target's weights
-        inter = -(-model.intermediate_size // s.layout.tp)
-        head_layer = _attention_lines(est, s, "draft", None) + [
-            _fill(Line("dense MLP", "draft", {p: 3 for p in PHASES}),
-                  lambda p, m: est.mlp(s.tokens(p), inter, "draft MLP", None))]
-        _, draft_layer = _launch_line(head_layer, "draft", launch)
+        _, draft_layer = _dense_layer(est, s, "draft", -(-model.intermediate_size // s.layout.tp), None, launch)
         draft = {(p, m): s.draft_tokens * (draft_layer[("decode", m)] + head_tot[("decode", m)])
                  for p, m in step}
         draft_src = (f"estimate: {s.draft_tokens} draft steps x (one bf16 dense decoder layer of intermediate "

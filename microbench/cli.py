@@ -29,53 +29,6 @@ class UsageError(Exception):
     """Bad input from the user: one line, exit 2."""
 
 
-def _writable_folder(path: str) -> str | None:
-    """Why files cannot be made in folder ``path`` (made if missing), or None: the nearest
-    existing ancestor must be a folder this process can write in."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe):
-        return f"{probe} is not a folder"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"no permission to write in {probe}"
-    return None
-
-
-def check_output_dir(path: str, flag: str) -> None:
-    """UsageError (one line) unless ``path`` is a writable folder; a missing one is made."""
-    if not path:
-        raise UsageError(f"{flag}: an empty path")
-    why = _writable_folder(path)
-    if not why:
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as e:
-            why = f"cannot make it ({e.strerror or e})"
-    if why:
-        raise UsageError(f"{flag} {path}: {why}")
-
-
-def check_output_file(path: str, flag: str, make_parents: bool = False) -> None:
-    """UsageError (one line) unless a file can be written at ``path``: not a folder, in a
-    writable folder that exists (or, with ``make_parents``, is made). An existing file is
-    replaced: callers that must not replace it check first."""
-    if not path:
-        raise UsageError(f"{flag}: an empty path")
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path}: a folder, not a file")
-    parent = os.path.dirname(os.path.abspath(path))
-    if make_parents:
-        check_output_dir(parent, f"{flag} {path}: folder")
-    elif not os.path.isdir(parent):
-        raise UsageError(f"{flag} {path}: no folder {parent}")
-    elif not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: no permission to write in {parent}")
-
-
 def _err(msg: str) -> int:
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0, not one per rank
         print(f"microbench: error: {msg}", file=sys.stderr)
@@ -140,31 +93,6 @@ def _select_cases(case_ids: Sequence[str], suite: str | None, device: str):
                              f"(its suites: {', '.join(theirs) or 'none'})")
         return cases
     return [c for c in all_cases() if suite is None or c.axes(suite, device)]
-
-
-def cmd_list(a: argparse.Namespace) -> int:
-    from microbench.cases import SUITES
-
-    device = "cuda" if a.device == "auto" else resolve_device(a.device, present=False)
-    cases = _select_cases(_split(a.case), a.suite, device)
-    if not a.case and not a.suite:
-        print("suites:")
-        for name, doc in SUITES.items():
-            print(f"  {name:<9} {doc}")
-        print()
-    for c in cases:
-        print(f"{c.id}  ({c.title})")
-        print("  variants: " + ", ".join(v.name + (" [baseline]" if v.name == c.baseline else "")
-                                          for v in c.variants()))
-        for s in (SUITES if a.suite is None else [a.suite]):
-            axes = c.axes(s, device)
-            if axes:
-                print(f"  {s} axes ({device}): " + "; ".join(f"{k}={','.join(map(str, v))}" for k, v in axes.items()))
-        if a.case:
-            for v in c.variants():
-                print(f"    {v.name}: {v.doc} (devices: {', '.join(v.devices)})")
-            print("  signature: " + "\n  ".join(c.signature().splitlines()))
-    return 0
 
 
 # --------------------------------------------------------------------------- run
@@ -255,6 +183,12 @@ def run_timing(a: argparse.Namespace, device: str):
     return timing, a.repeat if a.repeat is not None else (1 if device.startswith("cuda") else 3)
 
 
+def check_dist_timeout(a: argparse.Namespace) -> None:
+    """``--dist-timeout`` a run and its plan both refuse: not a positive, finite time."""
+    if not 0 < a.dist_timeout < float("inf"):
+        raise UsageError(f"--dist-timeout {a.dist_timeout:g}: must be a positive number of seconds")
+
+
 def default_nproc(a: argparse.Namespace, device: str) -> int:
     """Ranks of multi-rank cases: --nproc, else every GPU on CUDA, 2 gloo processes on CPU."""
     return a.nproc if a.nproc is not None else (_cuda_count() if device.startswith("cuda") else 2)
@@ -262,7 +196,7 @@ def default_nproc(a: argparse.Namespace, device: str) -> int:
 
 def run_options(a: argparse.Namespace, suite: str, device: str, variants: list[str], world: Any = None):
     from microbench import env
-    from microbench.runner import RunOptions
+    from microbench.planning import RunOptions
 
     timing, repeat = run_timing(a, device)
     deadline = deadline_s(a)
@@ -282,7 +216,7 @@ def deadline_s(a: argparse.Namespace) -> float | None:
 
 
 def make_plan(cases, opts, all_cases):
-    from microbench.runner import plan
+    from microbench.planning import plan
 
     try:
         p = plan(cases, opts)
@@ -309,7 +243,6 @@ def run_meta(a: argparse.Namespace, opts, cases) -> dict[str, Any]:
 def open_writer(out: str, meta: dict[str, Any], fingerprint: dict[str, Any]):
     from microbench.results import ResultWriter
 
-    check_output_dir(out, "--out")
     writer = ResultWriter(out, meta, fingerprint)
     writer.doc["run"]["id"] = os.path.basename(writer.path)[: -len(".json")]
     return writer
@@ -328,13 +261,14 @@ def cmd_run(a: argparse.Namespace) -> int:
         return show_plan(a)
     device = resolve_device(a.device)
     _set_threads(device, a.threads)
+    from microbench.cli_paths import check_output_dir
+
     check_output_dir(a.out, "--out")
     suite, cases, variants = run_selection(a, device)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     multi = [c for c in cases if c.distributed and (not variants or any(v.name in variants for v in c.variants()))]
     nproc = default_nproc(a, device)
-    if not 0 < a.dist_timeout < float("inf"):
-        raise UsageError(f"--dist-timeout {a.dist_timeout:g}: must be a positive number of seconds")
+    check_dist_timeout(a)
     if multi:
         try:
             distributed.check_backend(a.backend, kind)
@@ -359,7 +293,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if multi and nproc > 1:
         make_plan(multi, opts, cases)  # bad axis values fail here, in one line, not on every rank
     from microbench.cli_plan import duration_text
-    from microbench.runner import planned_runs
+    from microbench.planning import planned_runs
 
     with distributed.expecting(1 if solo else None):
         n_var, _ = planned_runs(p, variants, device)
@@ -453,12 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Kernel-level microbenchmarks of the speculative-decoding verify step: correctness-gated, "
         "timed with their spread and environment, compared with verdicts."))
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from microbench import cli_compile, cli_info, cli_model, cli_results, cli_try, cli_tune
 
     ls = sub.add_parser("list", help="suites, cases, variants and axes")
     ls.add_argument("--suite", help="only cases of this suite")
     ls.add_argument("--case", action="append", help="details of a case: variants, signature (repeatable)")
     ls.add_argument("--device", default="auto", help="whose shapes to show: cpu or cuda (default: cuda)")
-    ls.set_defaults(func=cmd_list)
+    ls.set_defaults(func=cli_info.cmd_list)
 
     r = sub.add_parser("run", help="gate and time cases, print the table, write a result file")
     r.add_argument("--suite", help="smoke, verify or selftest (default: verify on a GPU, smoke on CPU)")
@@ -495,8 +430,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a rank waits for the others before every rank stops (default 120)")
     r.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)  # set for ranks we launch
     r.set_defaults(func=cmd_run)
-
-    from microbench import cli_compile, cli_info, cli_model, cli_results, cli_try, cli_tune
 
     cli_tune.add_parser(sub)
     cli_info.add_parsers(sub)

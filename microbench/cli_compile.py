@@ -338,7 +338,7 @@ def cmd_compile(a: argparse.Namespace) -> int:
         raise UsageError(f"--jobs {a.jobs}: give a number of processes, or 0 for one per core")
     cases, picks, _, profile = _selection(a)
     if a.json:  # before the builds: a path that cannot be written would lose them
-        from microbench.cli import check_output_file
+        from microbench.cli_paths import check_output_file
 
         check_output_file(a.json, "--json")
     a.target = profile.name if a.target == "auto" else a.target  # the workers touch no GPU to find it again

@@ -1,12 +1,13 @@
-"""``microbench shapes`` and ``microbench env``: what a model config gives each rank, and
-what this host is (the fingerprint every result file stores)."""
+"""``microbench list``, ``shapes`` and ``env``: the suites, cases, variants and axes there are,
+what a model config gives each rank, and what this host is (the fingerprint every result
+file stores)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from microbench.cli import UsageError, resolve_device
+from microbench.cli import UsageError, _select_cases, _split, resolve_device
 
 
 def cmd_shapes(a: argparse.Namespace) -> int:
@@ -36,6 +37,31 @@ def cmd_env(a: argparse.Namespace) -> int:
     device = None if a.device == "auto" else resolve_device(a.device)  # a GPU named must be there
     fp = env.fingerprint(device)
     print(json.dumps(fp, indent=1) if a.json else env.format_fingerprint(fp))
+    return 0
+
+
+def cmd_list(a: argparse.Namespace) -> int:
+    from microbench.cases import SUITES
+
+    device = "cuda" if a.device == "auto" else resolve_device(a.device, present=False)
+    cases = _select_cases(_split(a.case), a.suite, device)
+    if not a.case and not a.suite:
+        print("suites:")
+        for name, doc in SUITES.items():
+            print(f"  {name:<9} {doc}")
+        print()
+    for c in cases:
+        print(f"{c.id}  ({c.title})")
+        print("  variants: " + ", ".join(v.name + (" [baseline]" if v.name == c.baseline else "")
+                                          for v in c.variants()))
+        for s in (SUITES if a.suite is None else [a.suite]):
+            axes = c.axes(s, device)
+            if axes:
+                print(f"  {s} axes ({device}): " + "; ".join(f"{k}={','.join(map(str, v))}" for k, v in axes.items()))
+        if a.case:
+            for v in c.variants():
+                print(f"    {v.name}: {v.doc} (devices: {', '.join(v.devices)})")
+            print("  signature: " + "\n  ".join(c.signature().splitlines()))
     return 0
 
 

@@ -15,7 +15,8 @@ def cmd_model(a: argparse.Namespace) -> int:
     from microbench.measured import Measured
     from microbench.layout import ParallelLayout
     from microbench.models import load_model
-    from microbench.cli import UsageError, check_output_file
+    from microbench.cli import UsageError
+    from microbench.cli_paths import check_output_file
     from microbench.results import ResultError
 
     try:

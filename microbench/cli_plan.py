@@ -9,13 +9,14 @@ import argparse
 import textwrap
 from typing import Any
 
-from microbench.cli import (UsageError, _axis_picks, deadline_s, default_nproc, make_plan, resolve_device,
+from microbench.cli import (UsageError, _axis_picks, check_dist_timeout, deadline_s, default_nproc, make_plan,
+                            resolve_device,
                             run_selection, run_timing)
 
 
 def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], dict[str, Any]]:
     """(suite, device, one row per case, run settings) for ``microbench run ARGS --plan``."""
-    from microbench.runner import RunOptions, variant_plan
+    from microbench.planning import RunOptions, variant_plan
 
     device = resolve_device(a.device, present=False)
     suite, cases, variants = run_selection(a, device)
@@ -29,8 +30,7 @@ def plan_rows(a: argparse.Namespace) -> tuple[str, str, list[dict[str, Any]], di
             distributed.check_backend(a.backend, "cuda" if device.startswith("cuda") else "cpu")
         except distributed.WorldError as e:
             raise UsageError(str(e)) from None
-    if not 0 < a.dist_timeout < float("inf"):
-        raise UsageError(f"--dist-timeout {a.dist_timeout:g}: must be a positive number of seconds")
+    check_dist_timeout(a)
     timing, repeat = run_timing(a, device)
     opts = RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, repeat=repeat)

@@ -74,9 +74,10 @@ def _vs_best(case: Any, name: str, records: list[dict[str, Any]], min_effect: fl
 
 def cmd_try(a: argparse.Namespace) -> int:
     from microbench import cli, env, report
+    from microbench.cli_paths import check_output_dir
     from microbench.cases import get_case
     from microbench.case import expand
-    from microbench.usercode import UserCodeError, WithVariant, load_variant, parse_target
+    from microbench.usercode import NameTaken, UserCodeError, WithVariant, load_variant, parse_target
 
     device = cli.resolve_device(a.device)
     cli._set_threads(device, a.threads)
@@ -84,7 +85,7 @@ def cmd_try(a: argparse.Namespace) -> int:
     watch_budget_s = WATCH_BUDGET_S if a.budget_s is None else a.budget_s
     a.budget_s = 1.0 if a.budget_s is None else a.budget_s
     cli.run_timing(a, device)  # --mode, --budget-s, --repeat refused before anything runs
-    cli.check_output_dir(a.out, "--out")
+    check_output_dir(a.out, "--out")
     try:
         case = get_case(a.case)
     except KeyError as e:
@@ -106,9 +107,9 @@ def cmd_try(a: argparse.Namespace) -> int:
     try:
         variant = load_variant(a.target, case, small[0], device, a.name)
         tried = WithVariant(case, variant)
+    except NameTaken as e:
+        raise cli.UsageError(str(e)) from None
     except UserCodeError as e:
-        if "choose another with --name" in str(e):
-            raise cli.UsageError(str(e)) from None
         return _user_error(e)
     if a.watch:
         return _watch(a, case, device, world, watch_budget_s)
@@ -143,7 +144,8 @@ def _watch(a: argparse.Namespace, case: Any, device: str, world: Any, budget_s: 
     at the first point --axis leaves) on every save."""
     from microbench import cli
     from microbench.case import expand, point_label
-    from microbench.runner import RunOptions, Runner
+    from microbench.planning import RunOptions
+    from microbench.runner import Runner
     from microbench.timing import TimingOptions
     from microbench.usercode import UserCodeError, load_variant, parse_target, WithVariant
 
@@ -199,6 +201,7 @@ def _watch(a: argparse.Namespace, case: Any, device: str, world: Any, budget_s: 
 
 def cmd_scaffold(a: argparse.Namespace) -> int:
     from microbench import cli
+    from microbench.cli_paths import check_output_file
     from microbench.cases import get_case
 
     try:
@@ -210,7 +213,7 @@ def cmd_scaffold(a: argparse.Namespace) -> int:
         raise cli.UsageError(f"case {case.id} has no scaffold yet (cases with one: "
                              + ", ".join(c.id for c in _scaffolded()) + ")")
     path = a.path or f"my_{case.id.replace('.', '_')}.py"
-    cli.check_output_file(path, "scaffold")
+    check_output_file(path, "scaffold")
     if os.path.exists(path) and not a.force:
         raise cli.UsageError(f"{path} exists: pass --force to overwrite it")
     with open(path, "w") as f:

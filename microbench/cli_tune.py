@@ -10,7 +10,8 @@ from microbench.cli import EXIT_INTERRUPTED, UsageError, _axis_picks, _select_ca
 
 def cmd_tune(a: argparse.Namespace) -> int:
     device = resolve_device(a.device)
-    from microbench.cli import _set_threads, check_output_file
+    from microbench.cli import _set_threads
+    from microbench.cli_paths import check_output_file
 
     _set_threads(device, a.threads)
     if a.out is not None:  # before the search: a path it cannot write, or a file it must not replace
@@ -33,7 +34,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
     from microbench import env
     from microbench.report import fmt_time
-    from microbench.runner import RunOptions
+    from microbench.planning import RunOptions
     from microbench.timing import TimingOptions
     from microbench.tune import tune
 

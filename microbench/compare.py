@@ -21,6 +21,7 @@ from tabulate import tabulate
 from microbench import stats, verdicts
 from microbench.report import fmt_time, sig
 from microbench.results import record_key
+from microbench.wander import block_wander
 
 #: A mean SM clock differing by more than this between runs can explain a change alone.
 CLOCK_TOLERANCE = 0.02
@@ -151,7 +152,7 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
             row["notes"].append("interleaved order rotated on one side only (a file from before rotation): "
                                 "a call's place in its round may show in the ratio")
     # each side's wander; a side too short to show its own takes the run's typical one
-    sides = [verdicts.block_wander(bs, bpass), verdicts.block_wander(ns, npass)]
+    sides = [block_wander(bs, bpass), block_wander(ns, npass)]
     own_df = sides[0][1] + sides[1][1]
     row["short"] = not all(d for _, d in sides)  # a side without its own wander: the run's is lent
     wander, df = math.hypot(sides[0][0], sides[1][0]), own_df
@@ -162,7 +163,7 @@ def _pair(b: Mapping[str, Any], n: Mapping[str, Any], min_effect: float, quantil
         row["notes"].append(f"too few samples to see its own wander: the run's typical ±{100 * pooled[0]:.1f}% used")
     if probes and probe_correct:
         # dividing by the probe's move brings in the probe's own wander too
-        (pb, pdb), (pn, pdn) = verdicts.block_wander(bp), verdicts.block_wander(np_)
+        (pb, pdb), (pn, pdn) = block_wander(bp), block_wander(np_)
         wander, df = math.sqrt(wander ** 2 + pb ** 2 + pn ** 2), df + pdb + pdn
     env = float(np.median(np_) / np.median(bp)) if probes else None
     # an uncorrected probe move bounds what the machine alone could have done to this case
@@ -199,7 +200,7 @@ def compare_runs(base: Mapping[str, Any], new: Mapping[str, Any], *, min_effect:
     machine the probe and a case did not move together (over 14 A/A pairs the corrected
     ratio was further from 1 than the raw one in 10), so the probe explains, and two
     things widen the interval: the record's own wander over time
-    (:func:`microbench.verdicts.block_sigma`; for a record too short to estimate it, the
+    (:func:`microbench.wander.block_sigma`; for a record too short to estimate it, the
     median wander of the run's other records), and the probe's move between the runs (a
     case is not corrected by it, but a change no larger than it is not called code).
 

@@ -268,6 +268,7 @@ class ClockSampler:
         self.device_index, self.interval_s, self._nvml_arg = device_index, float(interval_s), nvml
         self._mod: Any = None
         self._handle: Any = None
+        self._reasons_of: Callable[[Any], int] = _no_reasons  # the reasons getter, chosen once
         self._reason: str | None = "sampler was not started"
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._thread: threading.Thread | None = None
@@ -296,6 +297,7 @@ class ClockSampler:
             self._reason = f"nvml: no handle for device {self.device_index}: {_why(e)}"
             return self
         self._mod = mod
+        self._reasons_of = _reasons_fn(mod) or _no_reasons
         self._before = _snapshot_handle(mod, self._handle)
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._loop, name="microbench-clock-sampler", daemon=True)
@@ -332,8 +334,7 @@ class ClockSampler:
         temp = self._read("temperature_c", lambda: m.nvmlDeviceGetTemperature(
             h, getattr(m, "NVML_TEMPERATURE_GPU", 0)))
         power = self._read("power_w", lambda: m.nvmlDeviceGetPowerUsage(h) / 1000.0)
-        fn = _reasons_fn(m) or _no_reasons
-        mask = self._read("throttle_reasons", lambda: int(fn(h)))
+        mask = self._read("throttle_reasons", lambda: int(self._reasons_of(h)))
         names = decode_throttle_reasons(mask, m) if mask is not None else []
         with self._lock:
             for lst, v in ((self._sm, sm), (self._temp, temp), (self._power, power)):

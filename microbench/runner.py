@@ -15,89 +15,26 @@ import functools
 import math
 import sys
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
 from microbench import probe, stats, verdicts
-from microbench.case import Case, Point, Variant, expand, narrow, point_label
+from microbench.case import Case, Point, point_label
 from microbench.env import ClockSampler
 from microbench.gate import check_variant
 from microbench.outcome import agreed_outcome, agreed_reason, attempt, error_text, failure
 from microbench.pace import DEADLINE_NOTE, Pace
+from microbench.planning import Plan, RunOptions, runs_per_point, variant_skip
 from microbench.profile import attached_note as cupti_note
 from microbench.profile import profile_call
 from microbench.results import ResultWriter
 from microbench.samplers import free_cached_memory
-from microbench.timing import Measurement, TimingOptions, measure, measure_interleaved
+from microbench.timing import Measurement, measure, measure_interleaved
 
 
 def _profiles(device: str) -> bool:
     """Whether ``Case.profile_calls`` profiles on ``device`` (the torch profiler's CUDA trace)."""
     return device.startswith("cuda")
-
-
-@dataclass
-class RunOptions:
-    suite: str
-    device: str = "cpu"
-    variants: Sequence[str] = ()  # empty = all
-    axis_picks: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    timing: TimingOptions = field(default_factory=TimingOptions)
-    interleave: bool = False
-    seed: int = 0
-    min_effect: float = 0.02
-    probe: bool = True
-    cache_bytes: int | None = None  # L2 (CUDA) / LLC (CPU) size for flushing
-    repeat: int = 1  # passes over the whole plan; samples pooled per point
-    profile_ceilings: Mapping[str, dict] = field(default_factory=dict)  # fallback ceilings
-    world: Any = None  # a microbench.distributed.World: multi-rank cases run on it
-    deadline_at: float | None = None  # time.monotonic() by which the run should end (--deadline-s)
-
-
-@dataclass
-class Plan:
-    """The expanded sweep, known before anything runs (its size is printed first)."""
-
-    items: list[tuple[Case, Point]]
-    skipped: list[tuple[Case, Point, str]]
-
-    @property
-    def n_points(self) -> int:
-        return len(self.items) + len(self.skipped)
-
-
-def plan(cases: Sequence[Case], opts: RunOptions) -> Plan:
-    """Expand every case's axes for the suite; raises ValueError on an unknown axis/value."""
-    items, skipped = [], []
-    for case in sorted(cases, key=lambda c: (c.order, c.id)):
-        axes = case.axes(opts.suite, opts.device)
-        picks = {k: v for k, v in opts.axis_picks.items() if k in axes}
-        for point in expand(narrow(axes, picks, case.id, case.parse_axis_value)):
-            reason = case.skip(point, opts.device)
-            (skipped.append((case, point, reason)) if reason else items.append((case, point)))
-    return Plan(items, skipped)
-
-
-def variant_skip(case: Case, v: Variant, point: Point, device: str) -> str | None:
-    """Why ``v`` does not run at ``point`` on ``device`` (None: it runs). The case's own
-    reason first: it says why (e.g. "NCCL through CuPy needs CUDA devices")."""
-    return case.skip_variant(v.name, point, device) or (None if v.runs_on(device) else
-                                                        f"variant does not run on {device}")
-
-
-def variant_plan(p: Plan, variants: Sequence[str], device: str):
-    """Each (case, point, variant, why it does not run or None) of the plan's points, the
-    variant filter (empty = all) applied."""
-    for case, point in p.items:
-        for v in case.variants():
-            if not variants or v.name in variants:
-                yield case, point, v, variant_skip(case, v, point, device)
-
-
-def planned_runs(p: Plan, variants: Sequence[str], device: str) -> tuple[int, int]:
-    """(variant runs the plan makes, variant runs it skips) over its points."""
-    whys = [why for *_, why in variant_plan(p, variants, device)]
-    return sum(w is None for w in whys), sum(w is not None for w in whys)
 
 
 def _record(case: Case, point: Point, variant: str, device: str, status: str, **kw: Any) -> dict[str, Any]:
@@ -338,13 +275,12 @@ class Runner:
         """Each OK variant's ratio to the baseline, from the (pooled) samples of the records;
         none for a record that is not OK, nor for any when the baseline is not (a verdict
         an earlier pass gave is taken back when a later one fails)."""
-        for r in recs.values():
-            if r["status"] != "OK":
-                r.pop("vs_baseline", None)
         base = recs.get(case.baseline)
-        if base is None or base["status"] != "OK" or not base.get("timing"):
-            for r in recs.values():
+        base_ok = base is not None and base["status"] == "OK" and bool(base.get("timing"))
+        for r in recs.values():
+            if not base_ok or r["status"] != "OK":
                 r.pop("vs_baseline", None)
+        if not base_ok:
             return
         bt = base["timing"]
         for name, r in recs.items():
@@ -369,7 +305,7 @@ class Runner:
         order = [(k, i) for part in parts for k in range(passes) for i in part]
         kept: dict[int, list[dict[str, Any]]] = {}
         t0 = time.perf_counter()
-        runs = _runs_per_point(p, self.opts)
+        runs = runs_per_point(p, self.opts)
         pace = Pace(self.opts, [runs[i] for _, i in order])
         for k, i in order:
             case, point = p.items[i]
@@ -460,12 +396,6 @@ class Runner:
             self.writer.add(recs)
             self.writer.doc["run"]["ceilings"] = self.ceilings
             self.writer.flush()
-
-
-def _runs_per_point(p: Plan, opts: RunOptions) -> list[int]:
-    """Variant runs (gated and, when correct, timed) at each of the plan's points."""
-    return [sum(variant_skip(case, v, point, opts.device) is None for v in case.variants()
-                if not opts.variants or v.name in opts.variants) for case, point in p.items]
 
 
 def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) -> None:

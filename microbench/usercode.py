@@ -134,12 +134,16 @@ def load_variant(target: str, case: Case, point: Point, device: str, name: str |
                    tags={str(k): str(v) for k, v in tags.items()} if isinstance(tags, dict) else {})
 
 
+class NameTaken(UserCodeError):
+    """The variant's name is one the case already has: the command line's mistake (--name)."""
+
+
 class WithVariant(Case):
     """``inner`` with one more variant; everything else is the inner case's."""
 
     def __init__(self, inner: Case, extra: Variant):
         if any(v.name == extra.name for v in inner.variants()):
-            raise UserCodeError(f"variant name {extra.name!r} is taken in {inner.id} (its variants: "
+            raise NameTaken(f"variant name {extra.name!r} is taken in {inner.id} (its variants: "
                                 f"{', '.join(v.name for v in inner.variants())}): choose another with --name")
         self.inner, self.extra = inner, extra
         for attr in ("id", "title", "baseline", "order", "tolerances", "norm_tolerances", "unseeded_axes", "ceiling", "timing_mode", "distributed",

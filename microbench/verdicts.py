@@ -58,12 +58,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from statistics import NormalDist
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from microbench import stats
+from microbench.wander import block_wander, excess_wander, widen
 from microbench.stats import MIN_SAMPLES, _MAX_DRAWS_PER_CHUNK, _as_samples, _check_confidence
 
 
@@ -320,7 +320,7 @@ def compare_samples(
             ubp, unp = _half_ticks(sets[2:], quantile)
             up, down = [un, ubp], [ub, unp]
         lo, hi, tick = _tick_bound(ratio, lo, hi, up, down)
-        lo, hi = _widen(ratio, lo, hi, env_sigma, confidence, env_df)
+        lo, hi = widen(ratio, lo, hi, env_sigma, confidence, env_df)
         if env_shift > 0:
             lo, hi = lo * math.exp(-env_shift), hi * math.exp(env_shift)
     return Verdict(
@@ -329,75 +329,6 @@ def compare_samples(
         method="bootstrap-median" if quantile == 0.5 else f"bootstrap-p{100 * quantile:g}", n_base=int(b.size),
         n_new=int(n.size), env_sigma=float(env_sigma), env_shift=float(env_shift), tick=tick,
     )
-
-
-def _widen(ratio: float, lo: float, hi: float, sigma: float, confidence: float, df: int = 0) -> tuple[float, float]:
-    """Add a log-normal uncertainty of ``sigma`` (estimated with ``df`` degrees of freedom)
-    to the interval [lo, hi] in quadrature."""
-    if not sigma > 0 or not (lo > 0 and math.isfinite(hi)):
-        return lo, hi
-    w = t_quantile(0.5 + confidence / 2.0, df) * sigma
-    lr = math.log(ratio)
-    dl, dh = lr - math.log(lo), math.log(hi) - lr
-    return math.exp(lr - math.hypot(dl, w)), math.exp(lr + math.hypot(dh, w))
-
-
-def block_sigma(samples: Sequence[float], passes: Sequence[int] | None = None, blocks: int = 5,
-                min_per_block: int = 6) -> float:
-    """How far this measurement wandered over its own duration: the log-space standard
-    deviation of the medians of ``blocks`` consecutive blocks of samples (time order) —
-    or, when ``passes`` (sample counts of successive passes over a run) names three or
-    more, of the passes, which lie seconds apart.
-
-    A separate run meets the machine in another state; no bootstrap of one run's samples
-    sees that, but the drift between the blocks of one run does. Used, not divided by
-    sqrt(blocks) (the machine's states last longer than a block), as the between-run
-    uncertainty of this record: over 14 A/A pairs of separate CPU runs every shift of the
-    median lay within 1.3 of these sigmas, while the bootstrap interval alone missed 10.
-    0 when there are too few samples for ``blocks`` blocks.
-    """
-    return block_wander(samples, passes, blocks, min_per_block)[0]
-
-
-def block_wander(samples: Sequence[float], passes: Sequence[int] | None = None, blocks: int = 5,
-                 min_per_block: int = 6, short: bool = False) -> tuple[float, int]:
-    """:func:`block_sigma` and its degrees of freedom (blocks - 1; 0 when not estimated).
-
-    ``short``: a record too short for ``blocks`` blocks of ``min_per_block`` (a quiet GPU
-    kernel stops at 10-30 samples) is cut into 3 blocks of at least 3: a rough estimate,
-    with its 2 degrees of freedom (a wide Student-t quantile), rather than none, which read
-    a drift between two variants timed one after the other as code (:func:`within_run`;
-    ``compare`` lends such a record its run's typical wander instead). Under 9: none."""
-    x = np.asarray(samples, dtype=np.float64)
-    if passes is not None and len(passes) >= 3 and sum(passes) == x.size and min(passes) >= min_per_block:
-        edges = np.cumsum([0, *passes])
-        meds = np.array([np.median(x[a:b]) for a, b in zip(edges, edges[1:])])
-        return float(np.std(np.log(meds), ddof=1)), len(passes) - 1
-    m = x.size // blocks
-    if m < min_per_block:
-        if not short or x.size < 9:
-            return 0.0, 0
-        blocks, m = 3, x.size // 3
-    meds = np.median(x[: m * blocks].reshape(blocks, m), axis=1)
-    return float(np.std(np.log(meds), ddof=1)), blocks - 1
-
-
-def combined_wander(a: Sequence[float], a_passes: Sequence[int] | None, b: Sequence[float],
-                    b_passes: Sequence[int] | None) -> tuple[float, int]:
-    """The wander of two measurements together (root sum of squares) and its degrees of freedom."""
-    (sa, da), (sb, db) = block_wander(a, a_passes), block_wander(b, b_passes)
-    return math.hypot(sa, sb), da + db
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile (Cornish-Fisher expansion around the normal; within 3% of the
-    exact value from 2 degrees of freedom up, exact in the limit). ``df`` <= 0 = normal."""
-    z = NormalDist().inv_cdf(p)
-    if df <= 0:
-        return z
-    v = float(df)
-    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
 
 
 def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: bool,
@@ -421,27 +352,6 @@ def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: 
         # a difference could be the machine's
         v = replace(v, label="UNSURE")
     return v
-
-
-def _excess_wander(r: np.ndarray, blocks: int = 5, min_per_block: int = 6) -> float:
-    """How far the medians of ``blocks`` consecutive blocks of per-round ratios spread
-    beyond what independent rounds would give them (log-space sigma; 0 when they do not,
-    or the series is too short). Noise that persists over rounds on one variant alone
-    (its own slow state, not shared with the other) does not cancel in a round's ratio,
-    and a bootstrap of the rounds, which takes them as independent, would not see it."""
-    m = r.size // blocks
-    if m < min_per_block:
-        return 0.0
-    lr = np.log(r[: m * blocks])
-    meds = np.median(lr.reshape(blocks, m), axis=1)
-    s = 1.4826 * float(np.median(np.abs(lr - np.median(lr))))  # the rounds' own spread, robustly
-    expected = (1.2533 * s) ** 2 / m  # a median's variance over m independent rounds
-    seen = float(np.var(meds, ddof=1))
-    # only a spread independent rounds would rarely show (chi-square, 4 degrees of freedom,
-    # 95%: 9.49 / 4) widens: otherwise the estimate's own noise would widen every interval
-    if seen <= 2.37 * expected:
-        return 0.0
-    return math.sqrt(seen - expected)
 
 
 def paired_ratios(base: Sequence[float], new: Sequence[float], rotation: int | Sequence[int] = 1,
@@ -522,7 +432,7 @@ def compare_paired(
         lo, hi = _interval(boot, confidence)
         ub, un = half_ticks if half_ticks is not None else _half_ticks([b, n])
         lo, hi, tick = _tick_bound(ratio, lo, hi, [un], [ub])
-        lo, hi = _widen(ratio, lo, hi, _excess_wander(r), confidence, 4)
+        lo, hi = widen(ratio, lo, hi, excess_wander(r), confidence, 4)
     return Verdict(
         label=classify(ratio, lo, hi, min_effect), ratio=ratio, lo=lo, hi=hi, raw_ratio=ratio,
         env_ratio=None, min_effect=float(min_effect), confidence=float(confidence),

@@ -24,7 +24,8 @@ from microbench.case import Variant
 from microbench.cases.comm import AllReduceSweepCase
 from microbench.kernels.allreduce import torch_inplace, torch_outplace
 from microbench.results import ResultWriter
-from microbench.runner import RunOptions, Runner, plan
+from microbench.planning import RunOptions, plan
+from microbench.runner import Runner
 from microbench.timing import TimingOptions
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 
@@ -10,6 +11,9 @@ import torch
 
 #: Where tests run Triton kernels: the GPU when there is one, else the CPU interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+#: the checkout, and the environment a test's subprocess (a CLI run, torchrun) imports it from
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
 
 from microbench.case import Case, Cost, Variant, Workload
 from microbench.cases.common import randn
@@ -115,3 +119,9 @@ def shipped_json(kind: str, name: str) -> dict:
     """A shipped config or profile (``cases/<kind>/<name>.json``) as parsed JSON, to edit."""
     with open(os.path.join(cases_dir(kind), f"{name}.json"), encoding="utf-8") as f:
         return json.load(f)
+
+
+def only_result(folder) -> dict:
+    """The one result file a run wrote into ``folder``, parsed."""
+    (path,) = sorted(glob.glob(os.path.join(str(folder), "*.json")))
+    return json.load(open(path))

@@ -381,7 +381,7 @@ def test_run_with_a_deadline_records_it_and_refuses_a_bad_one(tmp_path, capsys):
 def test_ranks_get_what_is_left_of_the_deadline():
     from microbench.cli import build_parser
     from microbench.ranks import child_argv
-    from microbench.runner import RunOptions
+    from microbench.planning import RunOptions
 
     a = build_parser().parse_args(["run", "--case", "comm.allreduce", "--deadline-s", "100"])
     comm = [cases_pkg.get_case("comm.allreduce")]

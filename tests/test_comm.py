@@ -1,11 +1,10 @@
 """The allreduce cases and the multi-rank runner: exact sums, lock-step timing, the
-torchrun launcher with 2 and 8 gloo ranks, the cross-rank merge, a wrong rank, a rank
-that raises, a rank that dies and a rank that quietly leaves, and every bad input."""
+torchrun launcher with 2 and 8 gloo ranks, the cross-rank merge, and every bad input
+(a rank that misbehaves: tests/test_rank_failures.py)."""
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -18,24 +17,20 @@ from microbench import distributed
 from microbench.cases.comm import AllReduceCase, AllReduceSweepCase, allreduce_times, parse_bytes
 from microbench.cli import main
 from microbench.kernels.allreduce import allreduce_ref, rank_input, value_range
+from microbench.planning import RunOptions, plan
 from microbench.report import collective_tables, render
-from microbench.runner import RunOptions, Runner, plan
+from microbench.runner import Runner
 from microbench.timing import TimingOptions, measure
 
-from .helpers import DEVICE
+from .helpers import DEVICE, ROOT, SUBPROCESS_ENV
+from .helpers import only_result as _doc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+ENV = SUBPROCESS_ENV
 FAST = TimingOptions(budget_s=0.05, max_noise=0.05)
 
 
 def _files(d):
     return sorted(glob.glob(os.path.join(str(d), "*.json")))
-
-
-def _doc(d):
-    (path,) = _files(d)
-    return json.load(open(path))
 
 
 # --------------------------------------------------------------------------- inputs, reference
@@ -420,76 +415,6 @@ def test_eight_gloo_ranks_gate_and_time_every_cpu_path(tmp_path):
     recs = doc["records"]
     assert len(recs) == 4 and {r["status"] for r in recs} == {"OK"}
     assert all(r["wrong"] == 0 and len(r["ranks"]) == 8 and r["facts"]["world_size"] == 8 for r in recs)
-
-
-def _worker(mode, out, nproc=2, timeout_s=20):
-    cmd = distributed.torchrun_command(nproc, [])[:-3] + [os.path.join(ROOT, "tests", "dist_worker.py"), mode,
-                                                          str(out), str(timeout_s)]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=240)
-    return p, time.monotonic() - t0
-
-
-@pytest.mark.multirank
-def test_a_rank_with_a_wrong_sum_fails_the_variant_everywhere_and_the_run_goes_on(tmp_path):
-    p, _ = _worker("wrong", tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    recs = _doc(tmp_path)["records"]
-    odd = [r for r in recs if r["variant"] == "odd"]
-    assert [r["status"] for r in odd] == ["FAILED", "FAILED"] and [r["wrong"] for r in odd] == [1, 1]
-    assert all("rank 1:" in r["reason"] for r in odd)
-    assert [r["status"] for r in recs if r["variant"] == "torch-ip"] == ["OK", "OK"]
-
-
-@pytest.mark.multirank
-def test_a_variant_that_sums_out_of_place_under_an_in_place_tag_is_failed(tmp_path):
-    # the right sum, returned: but its input, which an in-place sum overwrites, still holds
-    # the rank's own values
-    p, _ = _worker("out-of-place", tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    recs = _doc(tmp_path)["records"]
-    assert [r["status"] for r in recs] == ["OK", "FAILED", "OK", "FAILED"]
-    assert recs[1]["reason"].startswith("incorrect: rank 0: x (4,) bfloat16: 4/4 elements off")
-    assert [rep["name"] for rep in recs[1]["correctness"]["reports"]] == ["out", "x"]
-
-
-@pytest.mark.multirank
-def test_a_rank_that_raises_after_the_collective_fails_the_variant_not_the_run(tmp_path):
-    p, _ = _worker("raise-after", tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    recs = _doc(tmp_path)["records"]
-    assert [r["status"] for r in recs] == ["OK", "FAILED", "OK", "FAILED"]
-    assert "rank 1: RuntimeError: raised after the collective" in recs[1]["reason"]
-
-
-@pytest.mark.multirank
-def test_a_rank_whose_set_up_fails_fails_the_variant_before_any_rank_enters_its_collective(tmp_path):
-    # the ranks agree on set-up before the call: the others never wait in a collective the
-    # failing rank will not enter (which would stop the run on their timeout)
-    p, elapsed = _worker("setup-raise", tmp_path, timeout_s=30)
-    assert p.returncode == 0 and elapsed < 30, p.stderr[-3000:]
-    doc = _doc(tmp_path)
-    assert doc["run"]["complete"] is True
-    assert [r["status"] for r in doc["records"]] == ["OK", "FAILED", "OK", "OK"]
-    assert doc["records"][1]["reason"] == "rank 1: RuntimeError: set-up failed on the last rank"
-
-
-@pytest.mark.multirank
-def test_a_rank_that_dies_stops_every_rank_quickly_and_keeps_the_file(tmp_path):
-    p, elapsed = _worker("exit", tmp_path)
-    assert p.returncode != 0 and elapsed < 60
-    assert "exitcode" in p.stderr and "7" in p.stderr  # torchrun names the rank that died
-    doc = _doc(tmp_path)
-    assert doc["run"]["complete"] is False
-
-
-@pytest.mark.multirank
-def test_a_rank_that_quietly_leaves_is_noticed_within_the_timeout(tmp_path):
-    p, elapsed = _worker("exit0", tmp_path, timeout_s=4)
-    assert p.returncode != 0 and elapsed < 60, p.stderr[-2000:]
-    assert "rank(s) 1 did not reach" in p.stderr and "stopping every rank" in p.stderr
-    doc = _doc(tmp_path)
-    assert doc["run"]["complete"] is False and "did not reach" in doc["run"]["error"]
 
 
 @pytest.mark.multirank

@@ -22,7 +22,8 @@ from microbench.cases import comm
 from microbench.cases.comm import ONE_RANK_COPY_NOTE, PATHS, AllReduceCase, AllReduceSweepCase
 from microbench.cli import main
 from microbench.kernels import allreduce
-from microbench.runner import RunOptions, Runner, plan
+from microbench.planning import RunOptions, plan
+from microbench.runner import Runner
 from microbench.timing import TimingOptions
 
 from .helpers import DEVICE
@@ -115,7 +116,7 @@ def test_a_plan_counts_the_skips_of_the_world_it_will_start(monkeypatch):
     """On a GPU, before its world of one exists, the plan already counts two-shot (built for
     2, 4, 8 ranks) and NCCL's in-place graph (empty over one rank) as skipped, and probes
     no symmetric memory; with no world expected the size is unknown, as in ``--plan``."""
-    from microbench.runner import planned_runs
+    from microbench.planning import planned_runs
 
     def probe(group, device):
         raise AssertionError("probed while planning")

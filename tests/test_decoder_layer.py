@@ -12,7 +12,8 @@ from microbench.cases.layer import DecoderLayerCase
 from microbench.cases.layer_inputs import MINI, layer_batch, layer_inputs, layer_shape, layer_weights
 from microbench.gate import compare
 from microbench.kernels.decoder_layer import decoder_layer, decoder_layer_ref, rope
-from microbench.runner import RunOptions, Runner, plan
+from microbench.planning import RunOptions, plan
+from microbench.runner import Runner
 from microbench.timing import TimingOptions
 
 from .helpers import DEVICE

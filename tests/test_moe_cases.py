@@ -17,7 +17,8 @@ import torch
 from microbench import cli
 from microbench.cases import moe as moe_cases
 from microbench.cases.moe_inputs import moe_shape, routing
-from microbench.runner import RunOptions, Runner, plan
+from microbench.planning import RunOptions, plan
+from microbench.runner import Runner
 from microbench.timing import TimingOptions
 
 from .helpers import DEVICE

@@ -5,17 +5,14 @@ from __future__ import annotations
 import pytest
 
 from microbench import compare
+from microbench.planning import RunOptions, plan
 from microbench.results import ResultWriter, load
-from microbench.runner import RunOptions, Runner, plan
+from microbench.runner import Runner
+from microbench.stats import summarize
 from microbench.timing import TimingOptions
 
 from .helpers import Scaled
 
-
-def _median(xs):
-    from microbench.stats import summarize
-
-    return summarize(xs).median
 
 FAST = TimingOptions(budget_s=0.3, max_noise=0.005)
 
@@ -239,7 +236,7 @@ def test_passes_pool_samples_and_keep_their_boundaries():
         assert len(t["passes"]) == 3 and sum(t["passes"]) == len(t["samples_s"]) == t["summary"]["count"]
         assert len(t["stop_reasons"]) == 3
         # the probe's samples pool like the variants', its median with them
-        assert r["probe"]["median_s"] == _median(r["probe"]["samples_s"])
+        assert r["probe"]["median_s"] == summarize(r["probe"]["samples_s"]).median
     assert _by(recs, "other")[0]["vs_baseline"] is not None
 
 
@@ -407,55 +404,6 @@ def test_a_cases_summary_lines_are_kept_in_the_file_and_printed_under_its_table(
     assert any("test.scaled: derived columns or summary failed: ValueError: no" in line for line in lines)
 
 
-def _timed_recs(*elapsed, interleaved=False):
-    return [{"timing": {"elapsed_s": e, "interleaved": interleaved}} for e in elapsed]
-
-
-def test_a_deadline_keeps_the_budget_while_the_run_keeps_pace_and_cuts_it_when_behind():
-    from microbench.pace import MIN_DEADLINE_BUDGET_S, Pace
-
-    now = [0.0]
-
-    def point(end, *elapsed, interleaved=False):  # one point: its budget, then it ends at `end`
-        b = pace.budget()
-        now[0] = end
-        pace.done(_timed_recs(*elapsed, interleaved=interleaved))
-        return b
-
-    # keeping pace: 100 s for 8 runs, 2 s sampling and 0.25 s of set-up per point
-    opts = RunOptions(suite="smoke", timing=TimingOptions(budget_s=1.0), deadline_at=100.0)
-    pace = Pace(opts, [2, 2, 2, 2], clock=lambda: now[0])
-    assert point(2.5, 1.0, 1.0) == 1.0 and point(5.0, 1.0, 1.0) == 1.0 and pace.cut_points == 0
-    # a little behind: 6 s for 6 runs, one 2 s interleaved loop shared by two variants
-    # (counted once) and 0.1 s of set-up per run, then 1 s loops with 1.15 s of set-up per run
-    opts = RunOptions(suite="smoke", timing=TimingOptions(budget_s=1.0), deadline_at=6.0)
-    now[0] = 0.0
-    pace = Pace(opts, [2, 2, 2], clock=lambda: now[0])
-    assert point(2.2, 2.0, 2.0, interleaved=True) == 1.0
-    assert point(5.5, 0.5, 0.5) == pytest.approx((6.0 - 2.2) / 4 - 0.1)  # cut, not to the floor
-    # the last point: 0.5 s left for 2 runs, less the least set-up seen (two points: no median yet)
-    assert pace.budget() == pytest.approx(0.5 / 2 - 0.1)
-    now[0] = 7.0
-    assert pace.summary() == ("deadline: 2 of 3 points timed on a cut budget (least 0.15 s of 1 s); "
-                              "the points ended 1 s past the deadline")
-    # one point's burst of compiles does not starve the points after it: the set-up a run
-    # costs is the median over the points (0.1 s here), not the mean (6.7 s)
-    opts = RunOptions(suite="smoke", timing=TimingOptions(budget_s=1.0), deadline_at=40.0)
-    now[0] = 0.0
-    pace = Pace(opts, [1] * 10, clock=lambda: now[0])
-    for end in (20.0, 20.3, 20.6):
-        point(end, 0.2)
-    assert pace.budget() == 1.0  # 19.4 s left for 7 runs
-    # ... while set-up that stays high does cut: three points of 5 s set-up each
-    now[0] = 0.0
-    pace = Pace(opts, [1] * 10, clock=lambda: now[0])
-    for end in (5.2, 10.4, 15.6):
-        point(end, 0.2)
-    assert pace.budget() == MIN_DEADLINE_BUDGET_S  # 24.4 s left for 7 runs of 5 s set-up
-    # no deadline: no budget is set
-    assert Pace(RunOptions(suite="smoke"), [1]).budget() is None
-
-
 def test_a_deadline_cuts_the_budgets_but_every_point_is_still_gated_and_timed():
     import time as _time
 
@@ -504,73 +452,3 @@ def test_pooled_passes_keep_the_timers_resolution_where_their_samples_show_no_ti
     s = old[0]["timing"]["summary"]
     assert s["count"] == 50 and s["tick"] == 0.5e-6
     assert s["rel_noise"] == pytest.approx(0.25e-6 / 4e-6)  # half the tick over the median, not 0
-
-
-class _Bandwidth(Scaled):
-    """A copy-like calibration case on one point; incorrect from its ``bad_from``-th set-up."""
-
-    id = "test.bandwidth"
-    ceiling = "memory_bandwidth"
-    order = 0
-
-    def __init__(self, bad_from=None):
-        super().__init__(reps=1)
-        self.setups, self.bad_from = 0, bad_from
-
-    def axes(self, suite, device="cuda"):
-        return {"n": [48]}
-
-    def setup(self, point, device, seed):
-        self.setups += 1
-        self.wrong = self.bad_from is not None and self.setups >= self.bad_from
-        return super().setup(point, device, seed)
-
-    def variants(self):
-        return super().variants()[:1]
-
-
-class _Other(Scaled):
-    id = "test.other"
-
-    def axes(self, suite, device="cuda"):
-        return {"n": [32]}
-
-    def variants(self):
-        return super().variants()[:1]
-
-
-def test_a_calibration_point_is_read_against_the_ceiling_it_measured():
-    # one pass: the ceiling's own row was floored before it was measured (against nothing)
-    opts = RunOptions(suite="smoke", device="cpu", timing=TimingOptions(budget_s=0.1), repeat=1, probe=False)
-    runner = Runner(opts, None, progress=lambda _: None)
-    cal, other = runner.run(plan([_Bandwidth(), _Other()], opts))
-    assert cal["floor_source"] == other["floor_source"] == "measured in this run"
-    assert cal["pct_of_floor"] == pytest.approx(100.0)
-    assert runner.ceilings["memory_bandwidth"]["value"] == pytest.approx(cal["bytes"] / _median(cal["timing"]["samples_s"]))
-
-
-def test_a_ceiling_whose_record_fails_in_a_later_pass_is_dropped():
-    opts = RunOptions(suite="smoke", device="cpu", timing=TimingOptions(budget_s=0.05), repeat=2, probe=False)
-    runner = Runner(opts, None, progress=lambda _: None)
-    cal, other = runner.run(plan([_Bandwidth(bad_from=2), _Other()], opts))
-    assert cal["status"] == "FAILED" and cal["reason"].startswith("pass 2: incorrect")
-    assert cal["gbps"] is None and cal["pct_of_floor"] is None  # no rate of the pass that ran before
-    assert runner.ceilings == {} and other["floor_source"] is None and other["pct_of_floor"] is None
-
-
-def test_the_run_says_when_its_floors_may_mislead():
-    from microbench.report import describe_run
-
-    def doc(ceiling, pct):
-        return {"run": {"device": "cuda", "suite": "verify", "ceilings": {"memory_bandwidth": {
-                    "value": ceiling, "unit": "B/s", "source": "calibration.copy in this run"}}},
-                "fingerprint": {"device": {"name": "NVIDIA H200"}},
-                "records": [{"case": "c", "axes": {}, "variant": "v", "status": "OK", "pct_of_floor": pct,
-                             "floor_source": "measured in this run"}]}
-
-    # 4.3 of the datasheet's 4.8 TB/s, every row under its floor: nothing to say
-    assert "note:" not in describe_run(doc(4.3e12, 85.0))
-    # a busy GPU's copy at 1.2 TB/s: every row against it reads high, one above 100%
-    text = describe_run(doc(1.2e12, 104.0))
-    assert "note: measured memory_bandwidth is 25% of h200-sxm's datasheet 4800.0 GB/s" in text
-    assert "note: 1 row(s) ran faster than their floor (% floor over 100)" in text

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from microbench.stats import MIN_SAMPLES, Summary, geomean, median_ci, median_rel_noise, summarize
-from microbench.verdicts import (Verdict, block_sigma, block_wander, classify, combined_wander, compare_paired,
-                                 compare_samples, t_quantile)
+from microbench.verdicts import Verdict, classify, compare_paired, compare_samples
+from microbench.wander import block_sigma, block_wander, combined_wander, t_quantile
 
 from .helpers import lognormal
 

@@ -13,7 +13,7 @@ import pytest
 from microbench import targets
 from microbench.cases import all_cases
 from microbench.case import expand
-from microbench.runner import variant_skip
+from microbench.planning import variant_skip
 from microbench.targets import Target
 
 US = 1e-6

@@ -12,7 +12,8 @@ import triton.language as tl
 
 from microbench.cases.rmsnorm import RMSNormCase
 from microbench.gate import check_variant
-from microbench.runner import RunOptions, Runner, plan
+from microbench.planning import RunOptions, plan
+from microbench.runner import Runner
 
 from .helpers import DEVICE
 

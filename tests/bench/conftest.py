@@ -11,16 +11,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SUITE = "verify" if DEVICE == "cuda" else "smoke"
 
 
-_MOMENT: dict = {}
-
-
 def pytest_benchmark_update_machine_info(config, machine_info):  # noqa: ARG001 - pytest-benchmark hook
     # the machine alone: --benchmark-compare warns when machine_info differs, and the clocks,
     # temperature and power of the moment (and the commit) differ on every run; they go
-    # into each bench's extra_info instead ("environment")
-    machine, moment = env.split_fingerprint(env.fingerprint(DEVICE))
-    machine_info["microbench"] = machine
-    _MOMENT.update(moment)
+    # into each bench's extra_info instead ("environment", the `moment` fixture)
+    machine_info["microbench"] = env.split_fingerprint(env.fingerprint(DEVICE))[0]
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +25,8 @@ def cache_bytes() -> int | None:
 
 @pytest.fixture(scope="session")
 def moment() -> dict:
-    """The session's readings of the moment: those machine_info left out (when pytest-benchmark
-    asked for it first), else read now."""
-    return _MOMENT or env.split_fingerprint(env.fingerprint(DEVICE))[1]
+    """The session's readings of the moment: what machine_info leaves out."""
+    return env.split_fingerprint(env.fingerprint(DEVICE))[1]
 
 
 @pytest.fixture
