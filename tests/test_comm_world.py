@@ -52,11 +52,11 @@ def _doc(d):
 _LATE_WORLD = r"""
 import glob, json, sys
 import torch.distributed as dist
-from microbench import cli, distributed, runner
+from microbench import cli, distributed, planning, runner
 from microbench.kernels import allreduce
 
 out, events = sys.argv[1], []
-real_init, real_planned_runs, real_pace = distributed.init_world, runner.planned_runs, runner.Pace
+real_init, real_planned_runs, real_pace = distributed.init_world, planning.planned_runs, runner.Pace
 
 def planned_runs(*args):
     events.append(["count", distributed.world_size(), dist.is_initialized()])
@@ -77,7 +77,7 @@ def symm_try(group, device):
     events.append(["probe", dist.is_initialized()])
     raise RuntimeError("no fabric on this host")
 
-distributed.init_world, runner.planned_runs, runner.Pace = init_world, planned_runs, pace
+distributed.init_world, planning.planned_runs, runner.Pace = init_world, planned_runs, pace
 allreduce.symm_unavailable = lambda kind, path: None
 allreduce.symm_try = symm_try
 rc = cli.main(["run", "--device", "cpu", "--case", "comm.allreduce,calibration.copy", "--nproc", "1",
