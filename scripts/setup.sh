@@ -1,7 +1,7 @@
 # Sourced by scripts/main-job and scripts/test: everything a fresh machine needs.
 #  - a virtual environment (.venv) unless one is already active; it sees the system's
 #    site-packages, so a GPU host's preinstalled CUDA torch / Triton / CuPy are used as they are;
-#  - torch: when none is importable and no GPU is present, the CPU build (torch==2.13.0),
+#  - torch: when none is importable and no GPU is present, the CPU build (torch==2.13.0+cpu),
 #    never the multi-GB CUDA build a loose requirement would pull;
 #  - this package with its test extras, editable (skipped when already installed as it is);
 #  - without a GPU, Triton kernels run under the interpreter (TRITON_INTERPRET=1).
@@ -27,8 +27,17 @@ if [ -z "$torch_on" ]; then
         echo "setup: no torch found on a GPU machine: installing torch (CUDA build)" >&2
         python -m pip install --quiet torch
     else
-        echo "setup: no GPU: installing the CPU build of torch (torch==2.13.0)" >&2
-        python -m pip install --quiet "torch==2.13.0"
+        # PyPI's Linux torch is the CUDA build; the CPU build is torch==X+cpu on PyTorch's CPU
+        # index. Where pip's configured sources already hold it (a local wheel folder), no
+        # network is asked; macOS wheels are CPU-only and carry no "+cpu" tag.
+        cpu_torch="torch==2.13.0+cpu"
+        [ "$(uname -s)" = Darwin ] && cpu_torch="torch==2.13.0"
+        cpu_index=()
+        if ! python -m pip install --quiet --dry-run --no-deps "$cpu_torch" >/dev/null 2>&1; then
+            cpu_index=(--extra-index-url "${MICROBENCH_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}")
+        fi
+        echo "setup: no GPU: installing the CPU build of torch ($cpu_torch${cpu_index[*]:+ from ${cpu_index[1]}})" >&2
+        python -m pip install --quiet "$cpu_torch" "${cpu_index[@]}"
     fi
     torch_on="$(torch_probe)"
 fi
