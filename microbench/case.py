@@ -68,11 +68,12 @@ class Workload:
         budget. Where that budget binds (a working set of gigabytes) or a call touches far
         fewer bytes than it is handed (a few experts of a whole layer's weights), each
         call's data may stay L2-resident between replays; the note says by how much the
-        copies fall short, and the table shows it beside the time. Inputs of a few bytes
-        (a launch, an 8-byte allreduce) get the most copies and no note: no copies make
-        them cold, nor does their cache state weigh.
+        copies fall short, and the table shows it beside the time. So does the copy cap
+        (``MAX_COPIES``) for small working sets: 256 copies of 64 KiB stay in a 50 MiB L2.
+        Calls that touch a page or less (a launch, an 8-byte allreduce) get no note: no
+        copies make them cold, nor does their cache state weigh.
         """
-        from microbench.samplers import COLD_FACTOR, MAX_COPIES, copies_for_cold_cache, fallback_cache_bytes
+        from microbench.samplers import COLD_FACTOR, copies_for_cold_cache, fallback_cache_bytes
 
         copies, note = [self], None
         if mode == "graph":
@@ -81,11 +82,15 @@ class Workload:
             copies += [self.clone() for _ in range(n - 1)]
             touched = min(ws, self.cost.bytes) if self.cost.bytes else ws
             want = COLD_FACTOR * (cache_bytes or fallback_cache_bytes())
-            if touched and n * touched < want and n < MAX_COPIES:
+            if touched > _PAGE_BYTES and n * touched < want:
                 note = (f"graph mode: {n} input cop{'y' if n == 1 else 'ies'} x {touched / 2**20:.1f} MiB a call "
                         f"touches cover {n * touched / 2**20:.0f} MiB of the {want / 2**20:.0f} MiB "
                         f"({COLD_FACTOR}x L2) a cold cache needs: replayed calls may find their data in L2")
         return [functools.partial(fn, **c.kwargs()) for c in copies], note
+
+
+#: Calls that touch no more than this get no cold-cache note in graph mode (a launch's few bytes).
+_PAGE_BYTES = 4096
 
 
 def _is_tensor(v: Any) -> bool:

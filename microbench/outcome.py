@@ -44,7 +44,7 @@ def attempt(world: Any, tag: str, dev: str, fn: Callable[[], Any]) -> tuple[Any,
         value, outcome = fn(), {"error": None}
     except Exception as e:  # noqa: BLE001
         value, outcome = None, failure(e)
-        free_cached_memory(dev)
+        free_cached_memory(dev, error=e)
     return value, agreed_outcome(world, tag, outcome)
 
 

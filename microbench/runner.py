@@ -158,7 +158,7 @@ class Runner:
                 outcome = {"error": None}
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the run
                 outcome = failure(e)
-                free_cached_memory(dev)
+                free_cached_memory(dev, error=e)
             if world is not None:
                 outcome = agreed_outcome(world, f"{case.id} {v.name} set-up", outcome)
             if outcome["error"]:
@@ -172,7 +172,7 @@ class Runner:
                 outcome = {"error": None, "passed": gate.passed, "wrong": gate.wrong, "summary": gate.summary()}
             except Exception as e:  # noqa: BLE001 - a failing variant must not stop the run
                 outcome = failure(e)
-                free_cached_memory(dev)
+                free_cached_memory(dev, error=e)
             outcome = agreed_outcome(world, f"{case.id} {v.name} gate", outcome)
             if outcome["error"]:
                 recs[v.name] = _record(case, point, v.name, dev, "FAILED", reason=outcome["error"],
@@ -232,8 +232,9 @@ class Runner:
         try:
             return probe.measure_probe(dev, self.opts.cache_bytes), None
         except Exception as e:  # noqa: BLE001 - the probe is context; the timings stand without it
-            free_cached_memory(dev)
-            return None, f"environment probe failed ({error_text(e)}): no probe for this point"
+            note = f"environment probe failed ({error_text(e)}): no probe for this point"
+            free_cached_memory(dev, error=e)
+            return None, note
 
     def _time(self, ready, dev, timing, recs, world=None) -> dict[str, Measurement]:
         """Time the variants that passed the gate; on several ranks, in lock step, each
@@ -325,9 +326,9 @@ class Runner:
                 try:
                     recs = self.run_point(case, point, budget)
                 except Exception as e:  # noqa: BLE001 - outside any variant's guard: the run goes on
-                    free_cached_memory(self.opts.device)
-                    recs = [_record(case, point, v.name, self.opts.device, "FAILED",
-                                    reason=f"the point failed outside its variants: {error_text(e)}")
+                    reason = f"the point failed outside its variants: {error_text(e)}"
+                    free_cached_memory(self.opts.device, error=e)
+                    recs = [_record(case, point, v.name, self.opts.device, "FAILED", reason=reason)
                             for v in case.variants() if not self.opts.variants or v.name in self.opts.variants]
             pace.done(recs)
             if k == 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -79,6 +80,17 @@ def copies_for_cold_cache(working_set_bytes: int, cache_bytes: int | None, facto
     want = math.ceil(factor * cache / working_set_bytes)
     afford = max(1, max_total_bytes // working_set_bytes)
     return max(1, min(want, max_copies, afford))
+
+
+def graph_calls(copies: int, asked: int = 0) -> int:
+    """Calls captured in one graph rotating through ``copies`` input copies: ``asked`` (0:
+    at least 16), rounded up to whole rotations when it holds more than one copy's turn.
+    A graph replays back to back, so its last call is followed by its first: with 16 calls
+    over 5 copies, copy 0 would run twice in a row, its data still in L2."""
+    n = asked or max(copies, 16)
+    if n <= copies:
+        return n
+    return copies * math.ceil(n / copies)
 
 
 _flush_buffers: dict[str, Any] = {}
@@ -204,10 +216,17 @@ def _batch_size(time_n: Callable[[int], float], min_sample_s: float,
     return int(min(_MAX_BATCH, max(1, math.ceil(min_sample_s * n / t - 1e-9)))), made
 
 
-def free_cached_memory(device: str, sync: bool = False) -> None:
+def free_cached_memory(device: str, sync: bool = False, error: BaseException | None = None) -> None:
     """Give a failed call's cached blocks back to the device (after waiting for its work
     if ``sync``). For error paths: it never raises, since the call's own error is the one
-    to report."""
+    to report.
+
+    ``error``: the exception being handled. Its traceback holds the failed call's frames,
+    and their locals (intermediates, a half-built workload) would keep their blocks
+    allocated past this call: those frames are cleared first (report the error before).
+    """
+    if error is not None:
+        _clear_frames(error)
     if device.startswith("cuda"):
         import torch
 
@@ -217,6 +236,18 @@ def free_cached_memory(device: str, sync: bool = False) -> None:
             torch.cuda.empty_cache()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _clear_frames(error: BaseException) -> None:
+    """Drop the locals of the finished frames in ``error``'s traceback and in those of the
+    errors it was raised from or during (the frame handling it is still running: kept)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
 
 
 def _end_routing_to_pool(device: int, pool: tuple[int, int]) -> None:
@@ -262,7 +293,7 @@ def _capture(calls: Sequence[Callable[[], Any]], n: int):
     except Exception as e:  # capture errors are the case's, report them plainly
         _end_routing_to_pool(dev, pool)
         del graph
-        free_cached_memory("cuda", sync=True)
+        free_cached_memory("cuda", sync=True, error=e)
         raise RuntimeError(f"CUDA graph capture failed: {type(e).__name__}: {e}") from e
     empty = [w for w in caught if "CUDA Graph is empty" in str(w.message)]
     for w in caught:  # the capture's other warnings are shown as they would have been
@@ -303,10 +334,12 @@ def _cuda_sampler(calls, device, mode, opts, cache_bytes, agreed=_same, meet=Non
         torch.cuda.current_stream().wait_stream(side)
         # one count on every rank (the ranks' copies follow each one's own L2 size): a graph
         # of collectives captured with more calls on one rank than another would never meet
-        n = int(agreed(float(opts.graph_calls or max(k, 16))))
+        n = int(agreed(float(graph_calls(k, opts.graph_calls))))
         if n < k:
             notes.append(f"graph of {n} calls rotates through {n} of the {k} input copies")
             k = n
+        elif opts.graph_calls and n != opts.graph_calls:
+            notes.append(f"graph of {n} calls, not {opts.graph_calls}: whole rotations through the {k} input copies")
         graph = _capture(calls, n)
         warm += _warm([graph.replay], sync, opts.warmup_s, agreed) * n
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Sequence
 
 from microbench.samplers import _cpu_sampler, _cuda_sampler, _is_cuda, _Sampler, _same
@@ -82,7 +82,7 @@ class TimingOptions:
     max_noise: float = DEFAULT_MAX_NOISE
     warmup_s: float = 0.02
     min_sample_s: float | None = None  # a hot sample's least length; None = 1 ms on CUDA, 20 µs on CPU
-    graph_calls: int = 0  # calls captured per graph; 0 = max(copies, 16)
+    graph_calls: int = 0  # calls captured per graph; 0 = at least 16; whole rotations of the copies (samplers.graph_calls)
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -141,9 +141,12 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
-        d = dict(d)
-        d["summary"] = Summary.from_dict(d["summary"])
-        return cls(**d)
+        """Inverse of :meth:`to_dict`, from a record's ``timing`` too: the keys the runner adds
+        there (``interleaved``, ``budget_s``) and any this version does not know are ignored."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["summary"] = Summary.from_dict(d["summary"])
+        return cls(**kw)
 
 
 def stop_reason(n: int, measured_s: float, elapsed_s: float, noise: float, opts: TimingOptions) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from microbench.outcome import agreed_outcome, agreed_reason, error_text, failure, is_dist
+from microbench.outcome import agreed_outcome, agreed_reason, attempt, error_text, failure, is_dist
 
 
 class _FakeWorld:
@@ -83,3 +83,28 @@ def test_communication_errors_are_told_from_a_variants_own_by_their_text():
     assert error_text(KeyError()) == "KeyError"
     f = failure(RuntimeError("NCCL: operation timed out"))
     assert f["dist"] and f["error"] == "RuntimeError: NCCL: operation timed out"
+
+
+def test_a_failed_call_s_tensors_are_gone_before_the_cache_is_emptied(monkeypatch):
+    # the traceback holds the failing call's frames: their locals (a tensor here, device
+    # memory on a GPU) must be dropped before empty_cache, or their blocks stay reserved
+    import weakref
+
+    import torch
+
+    seen = []
+
+    def fails():
+        scratch = torch.ones(1024)
+        seen.append(weakref.ref(scratch))
+        inner(scratch)
+
+    def inner(t):
+        raise RuntimeError("out of memory")
+
+    alive_at_empty = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: alive_at_empty.append(seen[0]() is not None))
+    value, outcome = attempt(None, "timing", "cuda", fails)
+    assert value is None and outcome["error"] == "RuntimeError: out of memory"
+    assert "inner(scratch)" in outcome["traceback"]  # reported before the frames were cleared
+    assert alive_at_empty == [False]

@@ -275,6 +275,10 @@ def test_graph_copies_clone_every_tensor_a_variant_is_handed_and_say_when_they_f
     assert len(calls) == 4 and "4 input copies x 1.0 MiB a call touches cover 4 MiB of the 16 MiB" in note
     # a few bytes: the most copies, no note (no copies make it cold, nor does it matter)
     assert Workload({"x": torch.zeros(2)}, {}, Cost(0)).timed_calls(lambda **kw: None, "graph", 4 << 20)[1] is None
+    # 64 KiB a call against a 50 MiB L2: the copy cap (256) covers 16 MiB of 200 MiB, and says so
+    small = Workload({"x": torch.zeros(16384)}, {}, Cost(0))
+    capped, cap_note = small.timed_calls(lambda **kw: None, "graph", 50 << 20)
+    assert len(capped) == 256 and "256 input copies x 0.1 MiB a call touches cover 16 MiB of the 200 MiB" in cap_note
     rec = {"case": "x.y", "axes": {"n": 1}, "variant": "v", "status": "OK",
            "timing": {"samples_s": [1e-6], "summary": {"median": 1e-6, "rel_noise": 0.01, "count": 9}, "stop_reason": "noise",
                       "notes": [note]}}

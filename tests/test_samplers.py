@@ -160,3 +160,18 @@ def test_the_host_side_time_is_the_slowest_of_the_tries():
     from microbench.samplers import _host_s
 
     assert _host_s([lambda: time.sleep(0.003), lambda: None, lambda: None], lambda: None) >= 0.003
+
+
+def test_a_graph_holds_whole_rotations_of_its_input_copies():
+    from microbench.samplers import graph_calls
+
+    # replays run back to back: the last call's copy must not be the first call's, nor
+    # any copy come round again before every other copy has had its turn
+    for k in range(1, 40):
+        n = graph_calls(k)
+        assert n >= 16 and (n % k == 0), (k, n)
+        order = [j % k for j in range(n)] * 2  # two replays
+        for i in range(k, len(order)):
+            assert order[i] not in order[i - k + 1:i], (k, n, i)
+    assert graph_calls(5) == 20 and graph_calls(16) == 16 and graph_calls(40) == 40
+    assert graph_calls(6, asked=20) == 24 and graph_calls(30, asked=8) == 8  # fewer calls than copies: as asked

@@ -136,6 +136,8 @@ def test_cpu_measure_real_function_keeps_raw_samples_and_stats():
     assert m.stop_reason in ("noise", "budget")
     d = m.to_dict()
     assert type(m).from_dict(d).samples_s == m.samples_s
+    # a record's timing, with what the runner adds beside the measurement's own fields
+    assert type(m).from_dict({**d, "interleaved": True, "budget_s": 0.1}) == m
     # the timer's step per call, and the tick its samples show (ns / the calls of a sample)
     assert m.resolution_s == pytest.approx(time.get_clock_info("perf_counter").resolution / m.batch)
     assert 0 < m.summary.tick < 1e-3 * m.summary.median
