@@ -265,22 +265,24 @@ class MoEExpertsCase(Case):
                 Target("1.5x the fused kernel at Kimi-K2.5 TP8, T = 4", ("few_token",), "speedup", 1.5, ref=self.baseline,
                        where=at, stated_for="h200-sxm", details=("config",))]
 
-    def table(self, device: str):
+    def table(self, device: str, path: str | None = None):
+        """The tuning table at ``path`` (default: the device's own), loaded once."""
         from microbench.kernels.moe_tuning import TuningTable
 
-        path = tuning_path(device)
+        path = path or tuning_path(device)
         if path not in self._tables:
             self._tables[path] = TuningTable.load(path, device_slug(device))
         return self._tables[path]
 
-    def configs(self, point: Point, device: str) -> tuple[dict[str, Any], str]:
-        """The tile configurations for this point from the device's table, and where from."""
+    def configs(self, point: Point, device: str, path: str | None = None) -> tuple[dict[str, Any], str]:
+        """The tile configurations for this point from the device's table (or the table at
+        ``path``), and where from."""
         from microbench.cases.moe_inputs import moe_shape
 
         from microbench.kernels.checks import small_shared
 
         s = moe_shape(point["layout"])
-        cfg, src = tuned_configs(self.table(device), s.hidden, s.inter, point["tokens"], point["weights"],
+        cfg, src = tuned_configs(self.table(device, path), s.hidden, s.inter, point["tokens"], point["weights"],
                                  small_shared(device))
         return {**cfg, "remote": s.global_experts != s.experts}, src
 
@@ -340,22 +342,25 @@ class MoEExpertsCase(Case):
         its alignment block), then the few-token kernel's w13 GEMM (w2 at its current
         configuration), then its w2 GEMM (w13 at the winner).  Each search's best so far
         is in the device's table as soon as it is found (a search cut short keeps it);
-        each row says how much faster the winner is than the default."""
+        each row says how much faster the winner is than the default.  ``trial.out``: the
+        table updated (read and written), None for the device's own."""
         from microbench.cases.moe_inputs import moe_shape
+        from microbench.kernels.checks import small_shared
         from microbench.kernels.moe_tuning import TuningEntry, default_config, search_space
 
         s, t, kind = moe_shape(point["layout"]), point["tokens"], point["weights"]
+        out, small = getattr(trial, "out", None), small_shared(device)
         w = self.setup(point, device, trial.seed)
         expected = self.reference(w)
-        configs = w.inputs["configs"]
+        configs = self.configs(point, device, out)[0]  # the searches start from the table they update
         rows = []
         searches = [("fused", "w13+w2", "fused", _fused, 2 * s.inter, s.hidden),
                     ("few_token", "w13", "w13", _few_token, 2 * s.inter, s.hidden),
                     ("few_token", "w2", "w2", _few_token, s.hidden, s.inter)]
         for kernel, gemm, slot, fn, n, k in searches:
             best, best_t, default_t = None, None, None
-            default = default_config(kernel, gemm, kind, n, k, t)
-            for cfg in trial.limit(search_space(kernel, gemm, kind, n, k, t)):
+            default = default_config(kernel, gemm, kind, n, k, t, small)
+            for cfg in trial.limit(search_space(kernel, gemm, kind, n, k, t, small)):
                 w.inputs["configs"] = {**configs, slot: cfg}
                 label = f"{kernel}/{gemm} " + " ".join(f"{a}={v}" for a, v in cfg.to_dict().items())
                 m = trial(fn, w, expected, label)
@@ -365,7 +370,7 @@ class MoEExpertsCase(Case):
                     default_t = m
                 if best_t is None or m < best_t:
                     best, best_t = cfg, m
-                    self.table(device).put(TuningEntry(kernel, gemm, kind, n, k, t, best, best_t))
+                    self.table(device, out).put(TuningEntry(kernel, gemm, kind, n, k, t, best, best_t))
             if best is None:
                 rows.append({"kernel": kernel, "gemm": gemm, "config": "none correct", "median_s": None})
                 continue
@@ -376,8 +381,22 @@ class MoEExpertsCase(Case):
         return rows
 
     def save_tuning(self, device: str, path: str | None = None) -> str | None:
-        table = self.table(device)
+        table = self.table(device, path)
         return table.save(path or tuning_path(device)) if table.entries else None
+
+    def tuning_file(self, device: str) -> str | None:
+        return tuning_path(device)
+
+    def load_tuning(self, device: str, path: str | None = None) -> None:
+        self.table(device, path)
+
+    def tuning_key(self, point: Point) -> Any:
+        """The table entries a point's searches write: its weights, GEMM shapes and T (not
+        its routing, nor which layout gave the shapes)."""
+        from microbench.cases.moe_inputs import moe_shape
+
+        s = moe_shape(point["layout"])
+        return (point["weights"], s.hidden, s.inter, point["tokens"])
 
     def summarize(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Per layout, weights and routing: each variant's time over fused's by token count,

@@ -140,9 +140,13 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
                       num_warps=4, num_stages=2 if small_shared and not unpack else 3, unpack=unpack)
 
 
-def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int) -> list[GemmConfig]:
+def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int,
+                 small_shared: bool = False) -> list[GemmConfig]:
     """The configurations ``microbench tune`` tries, the default first, then the rest in
     an order that puts the likelier winners early (so a capped search still helps).
+    ``small_shared`` (a GPU whose block may take less than 128 KiB of shared memory): the
+    default is that GPU's (:func:`default_config`), and the stages tried are 2 and 3, not
+    3 and 4.
 
     ``fused``: block_m 16/32/64 (the alignment block) x block_n 32/64/128 x block_k
     64/128 x group_m 1/8 x stages 3/4 — 72 configurations, ordered so that a short search
@@ -156,7 +160,8 @@ def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: i
     flight for a memory-bound tile, and under Triton 3.6 (ptxas 12.8) the 8-warp INT4 w13
     tiles do not spill where 4-warp ones do (``default_config``).
     """
-    first = default_config(kernel, gemm, weights, n, k, tokens)
+    first = default_config(kernel, gemm, weights, n, k, tokens, small_shared)
+    stages = (2, 3) if small_shared else (3, 4)
     out = [first]
     unpacks = (1, 0) if kernel == "few_token" and weights == "int4" else (0,)
     if len(unpacks) > 1:
@@ -166,11 +171,11 @@ def search_space(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: i
     if kernel == "fused":
         bks = sorted((64, 128), key=lambda bk: bk != first.block_k)  # the default's K step first
         grid = [dict(block_m=m, block_n=bn, block_k=bk, group_m=g, num_stages=st)
-                for g in (1, 8) for m in (16, 32, 64) for bk in bks for bn in (64, 128, 32) for st in (3, 4)]
+                for g in (1, 8) for m in (16, 32, 64) for bk in bks for bn in (64, 128, 32) for st in stages]
     else:
         splits = (4, 2, 8, 1) if gemm == "w13" else (1, 2)
         grid = [dict(block_n=bn, block_k=bk, split_k=sk, num_stages=st, unpack=u)
-                for sk in splits for bn in (64, 32, 128) for bk in (128, 64) for st in (3, 4) for u in unpacks]
+                for sk in splits for bn in (64, 32, 128) for bk in (128, 64) for st in stages for u in unpacks]
     for g in grid:
         c = GemmConfig(num_warps=4, **g)
         if c not in out:
@@ -207,16 +212,30 @@ class TuningTable:
     @classmethod
     def load(cls, path: str, device: str = "") -> "TuningTable":
         """The table at ``path``; an empty one when the file does not exist.  A malformed
-        file raises ``ValueError`` naming the file and the entry."""
+        file raises ``ValueError`` naming the file (and the entry); so does a table tuned on
+        another device than ``device`` (when given): its configurations were searched on
+        that device's memory and shared-memory sizes, and would be labelled "tuned" here."""
         if not os.path.exists(path):
             return cls(device, [], path)
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        if doc.get("schema") != TUNING_SCHEMA or doc.get("version") != TUNING_VERSION:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+        if (not isinstance(doc, dict) or doc.get("schema") != TUNING_SCHEMA
+                or doc.get("version") != TUNING_VERSION):
             raise ValueError(f"{path}: not a {TUNING_SCHEMA} v{TUNING_VERSION} file")
+        tuned_on, raw = doc.get("device", device), doc.get("entries", [])
+        if not isinstance(tuned_on, str) or not isinstance(raw, list):
+            raise ValueError(f"{path}: 'device' must be a string and 'entries' a list")
+        if device and tuned_on and tuned_on != device:
+            raise ValueError(f"{path}: tuned on {tuned_on}, not {device} (a table serves the device it was "
+                             "tuned on: retune here, or give this device its own file)")
         entries = []
-        for i, e in enumerate(doc.get("entries", [])):
+        for i, e in enumerate(raw):
             try:
+                if not isinstance(e, dict):
+                    raise TypeError(f"an object expected, got {type(e).__name__}")
                 cfg = GemmConfig(**e["config"])
                 entry = TuningEntry(str(e["kernel"]), str(e["gemm"]), str(e["weights"]), int(e["n"]), int(e["k"]),
                                     int(e["tokens"]), cfg, e.get("median_s"))
@@ -225,7 +244,7 @@ class TuningTable:
             if entry.kernel not in KERNELS or entry.gemm not in KERNELS[entry.kernel]:
                 raise ValueError(f"{path}: entry {i}: unknown kernel/gemm {entry.kernel}/{entry.gemm}")
             entries.append(entry)
-        return cls(str(doc.get("device", device)), entries, path)
+        return cls(tuned_on or device, entries, path)
 
     def lookup(self, kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int,
                small_shared: bool = False) -> tuple[GemmConfig, str]:

@@ -259,13 +259,27 @@ class Case:
     def tune(self, point: Point, device: str, trial: Any) -> list[dict[str, Any]]:
         """Search this point's launch configurations (``microbench tune``); ``trial(fn,
         workload, expected, label)`` gates and times one candidate and returns its median
-        seconds, or None when it is incorrect.  Returns one row per search (its winner);
-        a case with nothing to tune returns []."""
+        seconds, or None when it is incorrect; ``trial.out`` is the table to update
+        (None: the device's own).  Returns one row per search (its winner); a case with
+        nothing to tune returns []."""
         return []
 
     def save_tuning(self, device: str, path: str | None = None) -> str | None:
         """Write what :meth:`tune` found (to ``path``, else the device's own table);
         return the path, or None when the case tunes nothing or has found nothing yet."""
+        return None
+
+    def tuning_file(self, device: str) -> str | None:
+        """The device's own table, which :meth:`save_tuning` writes by default (None: none)."""
+        return None
+
+    def load_tuning(self, device: str, path: str | None = None) -> None:
+        """Read the table a tune would update (``path``, else the device's own) before any
+        search: ``ValueError`` (naming the file) when it is malformed or another device's."""
+
+    def tuning_key(self, point: Point) -> Any:
+        """What identifies the table entries tuning ``point`` writes: points with equal keys
+        are tuned once (the first in plan order). None: every point its own."""
         return None
 
     def reference(self, workload: Workload) -> Mapping[str, Any]:

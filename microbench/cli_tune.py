@@ -14,15 +14,6 @@ def cmd_tune(a: argparse.Namespace) -> int:
     from microbench.cli_paths import check_output_file
 
     _set_threads(device, a.threads)
-    if a.out is not None:  # before the search: a path it cannot write, or a file it must not replace
-        check_output_file(a.out, "--out", make_parents=True)
-        from microbench.kernels.moe_tuning import TuningTable
-
-        try:
-            TuningTable.load(a.out)
-        except (ValueError, OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"--out {a.out}: exists and is not a tuning table, so it is not replaced "
-                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     suite = a.suite or ("verify" if device.startswith("cuda") else "smoke")
     from microbench.case import Case
 
@@ -30,13 +21,23 @@ def cmd_tune(a: argparse.Namespace) -> int:
     if not cases:
         raise UsageError(f"no tunable case selected in suite {suite} (cases with launch configurations: "
                          "moe.experts)")
+    for c in cases:  # before the search: a table it cannot write, or a file it must not replace
+        path = a.out or c.tuning_file(device)
+        flag = "--out" if a.out else "tuning table"
+        if path:
+            check_output_file(path, flag, make_parents=True)
+        try:
+            c.load_tuning(device, a.out)
+        except (ValueError, OSError) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UsageError(f"{flag} {path}: cannot be updated, so it is not replaced ({why})") from None
     from tabulate import tabulate
 
     from microbench import env
     from microbench.report import fmt_time
     from microbench.planning import RunOptions
     from microbench.timing import TimingOptions
-    from microbench.tune import tune
+    from microbench.tune import distinct_items, tune
 
     if a.max_trials is not None and a.max_trials < 1:
         raise UsageError(f"--max-trials {a.max_trials}: must be >= 1")
@@ -48,11 +49,13 @@ def cmd_tune(a: argparse.Namespace) -> int:
     p = make_plan(cases, RunOptions(suite=suite, device=device, axis_picks=_axis_picks(a.axis)), cases)
     if not p.items:
         raise UsageError(f"nothing to tune: every point of suite {suite} was skipped on {device}")
-    print(f"microbench tune: suite {suite} on {device}: {len(p.items)} points"
+    items, shared = distinct_items(p.items)
+    print(f"microbench tune: suite {suite} on {device}: {len(items)} points"
+          + (f" ({shared} more share their table entries with one of them)" if shared else "")
           + (f", at most {a.max_trials} trials per search" if a.max_trials else ""), file=sys.stderr)
     try:
-        rows, _ = tune(p.items, device, seed=a.seed, timing=timing, cache_bytes=env.l2_cache_bytes(device),
-                             max_trials=a.max_trials, out=a.out)
+        rows, _ = tune(items, device, seed=a.seed, timing=timing, cache_bytes=env.l2_cache_bytes(device),
+                       max_trials=a.max_trials, out=a.out)
     except KeyboardInterrupt:
         print("interrupted: the tuning tables keep each search's best so far", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -78,7 +81,8 @@ def add_parser(sub) -> None:
     t.add_argument("--budget-s", type=float, default=0.2, help="time budget per candidate (s, default 0.2)")
     t.add_argument("--max-trials", type=int, help="try at most this many configurations per search "
                    "(the default configuration first)")
-    t.add_argument("--out", help="write the table here instead of the device's own file")
+    t.add_argument("--out", help="update the table in this file (read and written there) instead of the "
+                   "device's own; a file that is not a tuning table of this device is refused")
     t.add_argument("--seed", type=int, default=0, help="input seed")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads when --device cpu (default 1)")
     t.add_argument("--format", choices=["text", "markdown"], default="text", help="table format")

@@ -35,6 +35,7 @@ class Trial:
     timing: TimingOptions
     cache_bytes: int | None = None
     max_trials: int | None = None  # per search (a case may run several searches per point)
+    out: str | None = None  # the table updated (read and written); None: the device's own
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
     count: int = 0
     rejected: int = 0
@@ -65,10 +66,28 @@ class Trial:
         return list(candidates if self.max_trials is None else candidates[: self.max_trials])
 
 
+def distinct_items(items: Sequence[tuple[Case, Point]]) -> tuple[list[tuple[Case, Point]], int]:
+    """The points to tune, the first of each case's :meth:`Case.tuning_key` (a later one
+    would replace its winners with its own, searched the same way), and how many were
+    left out for sharing a key."""
+    seen: set[tuple[str, Any]] = set()
+    kept = []
+    for case, point in items:
+        key = case.tuning_key(point)
+        if key is not None:
+            if (case.id, key) in seen:
+                continue
+            seen.add((case.id, key))
+        kept.append((case, point))
+    return kept, len(items) - len(kept)
+
+
 def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, timing: TimingOptions | None = None,
          cache_bytes: int | None = None, max_trials: int | None = None, out: str | None = None,
          log: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Tune every point; returns the winners' rows and the tables written.
+    """Tune every point (once per :meth:`Case.tuning_key`: :func:`distinct_items`); returns
+    the winners' rows and the tables written (``out``: the one table updated, read and
+    written, instead of each case's own).
 
     Each case saves its table after every point (``Case.save_tuning``), and when anything
     stops the search (Ctrl-C, SIGTERM, an error) once more before that goes on: what the
@@ -85,15 +104,23 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
             written.append(path)
             log(f"tuning table: {path}")
 
+    items, shared = distinct_items(items)
+    if shared:
+        log(f"{shared} point(s) share their table entries with an earlier one (another routing or layout "
+            "of the same shapes): each entry is tuned once")
     for i, (case, point) in enumerate(items, 1):
         log(f"[{i}/{len(items)}] {case.id} {point_label(point)}")
-        trial = Trial(case, point, device, case.input_seed(seed, point), timing, cache_bytes, max_trials, log)
+        trial = Trial(case, point, device, case.input_seed(seed, point), timing, cache_bytes, max_trials, out=out, log=log)
         t0 = time.perf_counter()
         try:
             found = case.tune(point, device, trial)
         except BaseException as e:
-            path = case.save_tuning(device, out)
             why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"stopped by {type(e).__name__}"
+            try:
+                path = case.save_tuning(device, out)
+            except Exception as save_error:  # noqa: BLE001 - the error that stopped the search is the one raised
+                log(f"    {why} after {trial.count} trials; the table could not be written: {error_text(save_error)}")
+                raise e from None
             log(f"    {why} after {trial.count} trials: " + (f"the winners found so far are in {path}" if path
                                                             else "nothing found yet, no table written"))
             saved(path)

@@ -441,7 +441,7 @@ def test_tune_does_not_replace_a_file_that_is_not_a_tuning_table(tmp_path, capsy
     other = tmp_path / "result.json"
     other.write_text('{"schema": "microbench.result"}')
     assert main(["tune", "--device", "cpu", "--axis", "weights=bf16", "--max-trials", "1", "--out", str(other)]) == 2
-    assert "exists and is not a tuning table, so it is not replaced" in capsys.readouterr().err
+    assert f"--out {other}: cannot be updated, so it is not replaced (" in capsys.readouterr().err
     assert other.read_text() == '{"schema": "microbench.result"}'
 
 
