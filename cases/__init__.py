@@ -10,7 +10,8 @@ from microbench.case import Case
 
 #: Suite name -> what it is for (printed by ``microbench list``).
 SUITES: dict[str, str] = {
-    "smoke": "every case at small shapes: the main job on a machine without a GPU (CPU/interpreter timings)",
+    "smoke": "every case but selftest.cpu_work at small shapes: the main job on a machine without a GPU "
+             "(CPU/interpreter timings)",
     "verify": "Kimi-K2.5 at TP8 shapes: the verify step's components on a GPU",
     "selftest": "the harness's own check: the same CPU work and 10% more of it must read SLOWER",
 }

@@ -16,11 +16,15 @@ Inputs are seeded integers small enough that every partial sum is exact in bf16,
 rank checks the exact sum; any element off is counted in ``#wrong`` (summed over ranks)
 and the variant is FAILED, not timed. At world size 1 the sum is the input itself, so
 an in-place path that did nothing would pass: the check has teeth from two ranks up.
-There NCCL itself does nothing in place (out of place it copies), so the NCCL paths'
-in-place graph rows are skipped as empty; their eager rows time the call alone. And
-``torch-oop`` copies the input into its fresh output itself, then sums that in place:
-over one rank its row is mostly that copy, not NCCL's out-of-place sum (its records carry
-a timing note saying so).
+An out-of-place path's fresh output could likewise be handed a freed block that already
+holds the sum (an earlier variant's output, over one rank the input itself): before each
+variant, blocks of the input's size are filled with NaN, so an output left unwritten
+fails. Over one rank NCCL itself does nothing in place (out of place it copies), so the
+NCCL paths' in-place graph rows are skipped as empty; their eager rows time the call
+alone. ``torch-oop`` is the functional path: the input copied into a fresh output, summed
+there in place, so its time holds that copy, which NCCL's own out-of-place sum
+(``cupy-oop``) does not; over one rank its row is mostly the copy. Its records carry timing
+notes saying so, marked in the table.
 
 The table is nccl-tests': size, count, type, redop, then per placement time, algbw
 (size / time) and busbw (algbw x 2(n-1)/n), #wrong; the time is the slowest rank's per
@@ -51,9 +55,13 @@ PATHS = (
 PLACEMENTS = {"ip": "in-place", "oop": "out-of-place"}
 #: the paths that call NCCL itself (over one rank its in-place sum is a no-op)
 NCCL_PATHS = ("torch", "cupy")
-#: on a torch-oop record at world size 1 (see the module docstring)
-ONE_RANK_COPY_NOTE = ("world size 1: torch-oop copies its input into a fresh output, then sums that in place, "
-                      "which over one rank does nothing: this time is mostly the copy, not an out-of-place allreduce")
+#: on every torch-oop record, and at world size 1 (see the module docstring)
+TORCH_OOP_NOTE = ("torch-oop: the input copied into a fresh output, summed there in place (the functional path): "
+                  "the copy is in its time; cupy-oop is NCCL's own out-of-place sum")
+ONE_RANK_COPY_NOTE = ("world size 1: a sum over one rank does nothing, so torch-oop's time is mostly its copy, "
+                      "not an out-of-place allreduce")
+#: blocks of the input's size filled with NaN before each out-of-place variant (reference_for)
+POISON_BLOCKS = 4
 
 #: nccl-tests' default sweep: x2 from 8 B to 64 MiB (24 sizes)
 SWEEP_BYTES = [8 << k for k in range(24)]
@@ -222,17 +230,24 @@ class _AllReduce(Case):
         if placement == "in-place":
             ref["x"] = ref["out"]
         elif placement == "out-of-place":
-            ref["x"] = w.inputs["x"].float()  # a new fp32 tensor: the input as it is before the call
+            x = w.inputs["x"]
+            ref["x"] = x.float()  # a new fp32 tensor: the input as it is before the call
+            # the variant's fresh output comes from the allocator's freed blocks, one of which
+            # may hold the sum already (an earlier variant's output; over one rank, the
+            # reference's own draw of the input): the blocks of that size now hold NaN
+            poison = [torch.full_like(x, float("nan")) for _ in range(POISON_BLOCKS)]
+            del poison
         return ref
 
     def derive(self, records: Sequence[dict[str, Any]]) -> None:
-        """A torch-oop time at world size 1 says what it is: mostly a copy (see the module docstring)."""
+        """A torch-oop time says what it holds: the copy into its fresh output, and over one
+        rank little else (see the module docstring)."""
         for r in records:
-            if r["variant"] != "torch-oop" or r["status"] != "OK" or (r.get("facts") or {}).get("world_size") != 1:
+            if r["variant"] != "torch-oop" or r["status"] != "OK":
                 continue
             notes = r["timing"].setdefault("notes", [])
-            if ONE_RANK_COPY_NOTE not in notes:
-                notes.append(ONE_RANK_COPY_NOTE)
+            add = [TORCH_OOP_NOTE] + ([ONE_RANK_COPY_NOTE] if (r.get("facts") or {}).get("world_size") == 1 else [])
+            notes += [n for n in add if n not in notes]
 
 
 class AllReduceCase(_AllReduce):

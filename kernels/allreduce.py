@@ -58,14 +58,24 @@ def rank_input(count: int, rank: int, world_size: int, seed: int, dtype: torch.d
 
     Every rank can draw every other rank's input (the seed names it), so each rank knows
     the exact sum without communicating."""
+    return _rank_ints(count, rank, seed, _exact_range(world_size, dtype), device).to(dtype)
+
+
+def _exact_range(world_size: int, dtype: torch.dtype) -> int:
+    """:func:`value_range`, or ValueError when no integer inputs can be exact."""
     v = value_range(world_size, dtype)
     if v < 1:
         raise ValueError(f"world size {world_size}: no integer inputs keep a {dtype} sum exact "
                          f"(limit {EXACT_LIMIT[dtype]} ranks)")
+    return v
+
+
+def _rank_ints(count: int, rank: int, seed: int, v: int, device: str) -> torch.Tensor:
+    """:func:`rank_input`'s integers, int32."""
     g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + rank)
     x = torch.randint(-v, v + 1, (count,), generator=g, device=device, dtype=torch.int32)
     x[0] = rank % v + 1  # never an all-zero input, on any rank; in [1, v], so the sum stays exact
-    return x.to(dtype)
+    return x
 
 
 def allreduce_ref(count: int, world_size: int, seed: int, dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -74,9 +84,12 @@ def allreduce_ref(count: int, world_size: int, seed: int, dtype: torch.dtype, de
     Cost of the real operation per rank (the ring / nccl-tests convention): algbw = size /
     time, busbw = algbw * 2 (n - 1) / n, the bytes each rank's link must carry; no FLOPs
     worth counting (n - 1 adds per element)."""
+    v = _exact_range(world_size, dtype)
     total = torch.zeros(count, dtype=torch.float32, device=device)
     for r in range(world_size):
-        total += rank_input(count, r, world_size, seed, dtype, device).float()
+        # summed from the integers: no tensor of the input's dtype and size is left behind
+        # for an output's allocation to be handed (over one rank it would hold the sum)
+        total += _rank_ints(count, r, seed, v, device)
     return total
 
 

@@ -108,6 +108,18 @@ def crossovers(records: Iterable[dict[str, Any]], axis: str, baseline: str) -> l
     return out
 
 
+def _marks(texts: list[Any], notes: list[str]) -> str:
+    """`` [i]`` for each text, numbered in ``notes`` (the lines under a table), once per
+    distinct text."""
+    out = ""
+    for text in texts:
+        text = _short(text, 160)
+        if text not in notes:
+            notes.append(text)
+        out += f" [{notes.index(text) + 1}]"
+    return out
+
+
 def _row(r: dict[str, Any], axes: list[str], derived: list[str], notes: list[str]) -> list[Any]:
     status = r["status"]
     # a record failed in a later --repeat pass keeps its earlier timing in the file; its row
@@ -116,11 +128,7 @@ def _row(r: dict[str, Any], axes: list[str], derived: list[str], notes: list[str
     t = timing.get("summary") or {}
     # a reason (not OK) or a timing note (OK, e.g. a cache graph mode could not keep cold)
     # goes under the table, numbered, once per distinct text
-    for text in [r.get("reason")] if r["status"] != "OK" else timing.get("notes") or []:
-        text = _short(text, 160)
-        if text not in notes:
-            notes.append(text)
-        status += f" [{notes.index(text) + 1}]"
+    status += _marks([r.get("reason")] if r["status"] != "OK" else timing.get("notes") or [], notes)
     return [*(r["axes"].get(a, "") for a in axes), r["variant"], status, fmt_time(t.get("median")),
             ("inf" if t["rel_noise"] == math.inf else _num(100 * t["rel_noise"], ".2f") + "%") if t else "-",
             f"{t['count']} {timing.get('stop_reason', '')}" if t else "-",
@@ -248,16 +256,14 @@ def _placement_cells(r: dict[str, Any] | None, notes: list[str]) -> list[str]:
     if r is None:
         return ["", "", "", "", ""]
     if r["status"] != "OK":
-        reason = _short(r.get("reason"), 160)
-        if reason not in notes:
-            notes.append(reason)
         wrong = r.get("wrong")
-        return [f"{r['status']} [{notes.index(reason) + 1}]", "", "", "", "-" if wrong is None else str(wrong)]
+        return [f"{r['status']}{_marks([r.get('reason')], notes)}", "", "", "", "-" if wrong is None else str(wrong)]
     f, s = r["facts"], r["timing"]["summary"]
     t = s["median"]
     algbw = f["bytes"] / t / 1e9
-    return [f"{t * 1e6:.2f}", f"{100 * s['rel_noise']:.1f}%", f"{algbw:.2f}",
-            f"{algbw * _bus_factor(int(f['world_size'])):.2f}", str(r.get("wrong") or 0)]
+    # a timing note (a one-rank copy, copies short of a cold cache, a deadline) marks the time
+    return [f"{t * 1e6:.2f}{_marks(r['timing'].get('notes') or [], notes)}", f"{100 * s['rel_noise']:.1f}%",
+            f"{algbw:.2f}", f"{algbw * _bus_factor(int(f['world_size'])):.2f}", str(r.get("wrong") or 0)]
 
 
 def collective_tables(title: str, recs: list[dict[str, Any]], tablefmt: str, markdown: bool) -> str:

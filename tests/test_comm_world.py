@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -19,10 +20,11 @@ import torch.distributed as dist
 
 from microbench import distributed
 from microbench.cases import comm
-from microbench.cases.comm import ONE_RANK_COPY_NOTE, PATHS, AllReduceCase, AllReduceSweepCase
+from microbench.cases.comm import ONE_RANK_COPY_NOTE, PATHS, TORCH_OOP_NOTE, AllReduceCase, AllReduceSweepCase
 from microbench.cli import main
 from microbench.kernels import allreduce
 from microbench.planning import RunOptions, plan
+from microbench.report import render
 from microbench.runner import Runner
 from microbench.timing import TimingOptions
 
@@ -177,20 +179,45 @@ def test_each_variant_is_the_kernel_function_itself():
         assert fns[f"{path}-ip"] is getattr(allreduce, ip) and fns[f"{path}-oop"] is getattr(allreduce, oop)
 
 
-def test_torch_out_of_place_at_one_rank_is_named_a_copy(solo):
-    """Over one rank torch-oop is its own copy and an in-place sum that does nothing: its
-    record says so; torch-ip's, and torch-oop's over several ranks, do not."""
+def test_torch_out_of_place_is_named_a_copy_and_at_one_rank_mostly_one(solo):
+    """torch-oop copies its input into its fresh output, then sums that in place: its record
+    says so at every world size (cupy-oop is NCCL's own out-of-place sum), and over one rank,
+    where the sum does nothing, that it is mostly the copy; the table marks its time."""
     opts = RunOptions(suite="smoke", device=solo.device, timing=FAST, probe=False, world=solo,
                       axis_picks={"bytes": ["8"], "capture": ["eager"]}, variants=["torch-ip", "torch-oop"])
-    recs = {r["variant"]: r for r in Runner(opts, None, progress=lambda line: None).run(plan([AllReduceSweepCase()],
-                                                                                               opts))}
-    assert recs["torch-oop"]["status"] == "OK" and ONE_RANK_COPY_NOTE in recs["torch-oop"]["timing"]["notes"]
-    assert ONE_RANK_COPY_NOTE not in recs["torch-ip"]["timing"]["notes"]
+    got = Runner(opts, None, progress=lambda line: None).run(plan([AllReduceSweepCase()], opts))
+    recs = {r["variant"]: r for r in got}
+    assert recs["torch-oop"]["status"] == "OK"
+    assert recs["torch-oop"]["timing"]["notes"][-2:] == [TORCH_OOP_NOTE, ONE_RANK_COPY_NOTE]
+    assert not {TORCH_OOP_NOTE, ONE_RANK_COPY_NOTE} & set(recs["torch-ip"]["timing"]["notes"])
+    text = render({"run": {"device": solo.device, "suite": "smoke"}, "fingerprint": {}, "records": got})
+    line = next(row for row in text.splitlines() if " torch " in f" {row} ")
+    assert re.search(r"\d \[1\] \[2\]", line) and f"\n[1] {TORCH_OOP_NOTE}" in text, text
     wide = {"variant": "torch-oop", "status": "OK", "facts": {"world_size": 2}, "timing": {"notes": []}}
     AllReduceSweepCase().derive([wide])
-    assert wide["timing"]["notes"] == []
+    assert wide["timing"]["notes"] == [TORCH_OOP_NOTE]
     AllReduceSweepCase().derive([recs["torch-oop"]])  # derived again (a later pass): noted once
     assert recs["torch-oop"]["timing"]["notes"].count(ONE_RANK_COPY_NOTE) == 1
+
+
+@pytest.mark.gpu
+def test_an_out_of_place_path_that_leaves_its_fresh_output_unwritten_fails_at_one_rank(solo):
+    """Over one rank the sum is the input: a freed block of the input's size (torch-oop's
+    output before it, the reference's draw) holds it, and the caching allocator hands such
+    a block to the next fresh output. The gate fills those blocks with NaN first."""
+    from microbench.case import Variant
+
+    class Lazy(AllReduceSweepCase):
+        def variants(self):
+            real = [v for v in super().variants() if v.name == "torch-oop"]
+            return real + [Variant("lazy-oop", lambda x, group: torch.empty_like(x),
+                                   tags={"path": "lazy", "placement": "out-of-place"})]
+
+    opts = RunOptions(suite="smoke", device=solo.device, timing=FAST, probe=False, world=solo,
+                      axis_picks={"bytes": ["1M"], "capture": ["eager"]})
+    recs = {r["variant"]: r for r in Runner(opts, None, progress=lambda line: None).run(plan([Lazy()], opts))}
+    assert recs["torch-oop"]["status"] == "OK", recs["torch-oop"]["reason"]
+    assert recs["lazy-oop"]["status"] == "FAILED" and recs["lazy-oop"]["wrong"] > 0, recs["lazy-oop"]
 
 
 # --------------------------------------------------------------------------- CuPy's NCCL
