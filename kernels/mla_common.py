@@ -27,6 +27,8 @@ synchronises. Request ``b``:
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -115,8 +117,15 @@ def plan_mla(
     logit_cap: float = 0.0,
 ) -> MLAPlan:
     """Validate a batch layout and return its plan (ValueError naming the argument)."""
-    if page_size < 1 or num_pages < 1:
-        raise ValueError(f"page_size and num_pages must be >= 1, got {page_size}, {num_pages}")
+    for name, v in (("page_size", page_size), ("num_pages", num_pages)):
+        # an int: a fractional size would count pages one way here and read them another
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    for name, v, low in (("sm_scale", sm_scale, "> 0"), ("logit_cap", logit_cap, ">= 0 (0: no cap)")):
+        # inf or NaN would make every kernel and the reference NaN alike (a NaN cap: no cap)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) \
+                or not (v > 0 if name == "sm_scale" else v >= 0):
+            raise ValueError(f"{name}: expected a finite number {low}, got {v!r}")
     qo = _indptr("qo_indptr", qo_indptr)
     batch = len(qo) - 1
     if batch < 1:
@@ -159,8 +168,6 @@ def plan_mla(
         devices.add(tree_mask.device)
     if len(devices) > 1:
         raise ValueError(f"plan tensors are on several devices: {sorted(map(str, devices))}")
-    if not sm_scale > 0 or logit_cap < 0:
-        raise ValueError(f"sm_scale must be > 0 and logit_cap >= 0, got {sm_scale}, {logit_cap}")
     # copies: the plan's checks hold for what it keeps, whatever the caller does with its own
     as32 = lambda t: t.to(torch.int32, copy=True).contiguous()  # noqa: E731
     return MLAPlan(as32(qo_indptr), as32(kv_indptr), as32(kv_indices), as32(prefix_lens), tree_mask, mask_indptr,
@@ -174,6 +181,10 @@ def pack_tree_masks(masks: Sequence[Tensor]) -> Tensor:
 
 def check_mla_tensors(q: Tensor, kv_new: Tensor, kv_cache: Tensor, plan: MLAPlan, out: Tensor | None) -> Tensor:
     """Check the tensors against the plan (no device sync); return ``out`` (allocated if None)."""
+    if not isinstance(plan, MLAPlan):
+        raise TypeError(f"plan: expected an MLAPlan (from plan_mla), got {type(plan).__name__}")
+    if out is not None and not isinstance(out, Tensor):
+        raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
     for name, t in (("q", q), ("kv_new", kv_new), ("kv_cache", kv_cache)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")

@@ -211,11 +211,14 @@ def few_token_moe(hidden: Tensor, weights: ExpertWeights, topk_weights: Tensor, 
     require_runnable(_few_w13_kernel, hidden, "hidden")
     h, inter = weights.hidden, weights.inter
     small = small_shared(hidden.device)
-    c13 = config_w13 or default_config("few_token", "w13", weights.kind, 2 * inter, h, t, small)
-    c2 = config_w2 or default_config("few_token", "w2", weights.kind, h, inter, t, small)
     group = max(weights.group_size, 1)
+    # reading each INT4 word once (unpack=1) needs a power-of-two group; other groups (a
+    # multiple of 8 dividing K) take the default with one load per input row instead
+    whole_words = not weights.int4 or (group >= 8 and not group & (group - 1))
+    c13 = config_w13 or default_config("few_token", "w13", weights.kind, 2 * inter, h, t, small, whole_words)
+    c2 = config_w2 or default_config("few_token", "w2", weights.kind, h, inter, t, small, whole_words)
     for name, c in (("config_w13", c13), ("config_w2", c2)):
-        if weights.int4 and c.unpack and (group & (group - 1) or group < 8):
+        if c.unpack and not whole_words:
             raise ValueError(f"{name}: unpack=1 needs a power-of-two INT4 group of at least 8, got {group}")
     out = torch.empty_like(hidden) if out is None else out
     if t == 0:

@@ -299,6 +299,9 @@ def check_int4_weight(name: str, qweight: Tensor, scales: Tensor, k: int | None 
     ``[E, N, K / group_size]`` with ``group_size`` a multiple of 8 dividing ``K``; with
     ``k`` given, ``K`` must equal it.  ``ValueError`` names ``name`` (or its scales).
     """
+    for what, t in ((name, qweight), (f"{name}_scales", scales)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
     if qweight.dtype != torch.int32 or qweight.dim() != 3:
         raise ValueError(f"{name}: packed INT4 expects a 3-D int32 [E, N, K/8] tensor, "
                          f"got {qweight.dtype} of shape {tuple(qweight.shape)}")

@@ -102,7 +102,7 @@ def tile_rows(kernel: str, tokens: int) -> int | None:
 
 
 def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens: int,
-                   small_shared: bool = False) -> GemmConfig:
+                   small_shared: bool = False, whole_words: bool = True) -> GemmConfig:
     """The fallback when the tuning table has no entry for the key (a fixed rule).
 
     ``fused`` (baseline): 16-row blocks (servers' smallest alignment block, the one
@@ -123,7 +123,9 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     (``small_shared``: sm_86/89/120), where by ptxas for sm_120 a third stage leaves the
     16-row w13 tile one block per SM (72 KiB) and spills the 64-row one (80 B; 2 stages:
     none).
-    Which reading is faster is the GPU's to say: ``microbench tune`` tries both.
+    Which reading is faster is the GPU's to say: ``microbench tune`` tries both. An INT4
+    group that is not a power of two (``whole_words`` False) cannot be read a word at a
+    time: one load per input row then.
     bf16 tiles of 32 and 64 rows (T > 16) take K steps of 64: by ptxas for sm_90 at Kimi-K2.5
     TP8, steps of 128 spill there (w13 at 32 rows 255 registers + 20 B, w2 at 64 rows 255 +
     40 B; w13 at 64 rows fits one block per SM, 144 KiB), steps of 64 do not (180 / 248
@@ -135,7 +137,7 @@ def default_config(kernel: str, gemm: str, weights: str, n: int, k: int, tokens:
     if kernel == "fused":
         return GemmConfig(block_n=64, block_k=bk, block_m=16, num_warps=4, num_stages=3)
     split = 4 if gemm == "w13" and k >= 2048 else 1
-    unpack = 1 if weights == "int4" else 0
+    unpack = 1 if weights == "int4" and whole_words else 0
     return GemmConfig(block_n=64 if n >= 64 else max(16, triton.next_power_of_2(n)), block_k=bk, split_k=split,
                       num_warps=4, num_stages=2 if small_shared and not unpack else 3, unpack=unpack)
 

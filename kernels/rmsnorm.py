@@ -151,7 +151,8 @@ def rmsnorm(
         eps: finite, ``>= 0``; added to the mean square (DeepSeek-V3: 1e-6).
         residual: optional ``[T, H]`` contiguous tensor like x, overwritten with the sum.
         out: optional preallocated ``[T, H]`` contiguous tensor like x; it may be x
-            itself (each row is read before it is written) but must not overlap residual.
+            itself (each row is read before it is written) but must not overlap residual,
+            weight, or x otherwise.
 
     Returns:
         ``out`` (the preallocated tensor when given, else a new one).
@@ -190,6 +191,10 @@ def rmsnorm(
         check_tensor("out", out, like=x)
         if residual is not None and _overlap(out, residual):
             raise ValueError("out: overlaps residual, which would destroy the new residual")
+        if _overlap(out, weight):
+            raise ValueError("out: overlaps weight, which every row reads")
+        if _overlap(out, x) and out.data_ptr() != x.data_ptr():
+            raise ValueError("out: overlaps x without being x (a row would be written before another reads it)")
 
     kernel = _rmsnorm_kernel if residual is None else _fused_add_rmsnorm_kernel
     require_runnable(kernel, x)

@@ -76,7 +76,16 @@ def _plan_args(**over):
     ({"kv_indices": torch.tensor([4.0, 0, 2])}, "kv_indices: expected a 1-D int32"),
     ({"qo_indptr": torch.tensor([1, 2, 5], dtype=torch.int32)}, "qo_indptr: must start at 0"),
     ({"qo_indptr": torch.tensor([0, 0, 5], dtype=torch.int32)}, "qo_indptr: request 0 has no new token"),
-    ({"sm_scale": 0.0}, "sm_scale must be > 0"),
+    ({"sm_scale": 0.0}, "sm_scale: expected a finite number > 0, got 0.0"),
+    ({"sm_scale": float("inf")}, "sm_scale: expected a finite number > 0, got inf"),
+    ({"sm_scale": "0.1"}, "sm_scale: expected a finite number > 0, got '0.1'"),
+    ({"logit_cap": float("nan")}, "logit_cap: expected a finite number >= 0"),
+    ({"logit_cap": float("inf")}, "logit_cap: expected a finite number >= 0"),
+    ({"logit_cap": -1.0}, "logit_cap: expected a finite number >= 0"),
+    # a fractional page size or pool would count pages one way and read them another
+    ({"page_size": 1.5}, "page_size: expected an int >= 1, got 1.5"),
+    ({"num_pages": 5.5}, "num_pages: expected an int >= 1, got 5.5"),
+    ({"num_pages": 0}, "num_pages: expected an int >= 1, got 0"),
 ])
 def test_bad_plans_name_the_argument(over, message):
     with pytest.raises(ValueError, match=message):
@@ -93,6 +102,10 @@ def test_bad_tensors_name_the_argument():
         check_mla_tensors(x.q, x.kv_new, x.kv_cache[:1], x.plan, None)
     with pytest.raises(ValueError, match="out: expected"):
         check_mla_tensors(x.q, x.kv_new, x.kv_cache, x.plan, torch.empty(5, 4, 576, dtype=torch.float16))
+    with pytest.raises(TypeError, match="out: expected a torch.Tensor or None, got list"):
+        check_mla_tensors(x.q, x.kv_new, x.kv_cache, x.plan, [1])
+    with pytest.raises(TypeError, match="plan: expected an MLAPlan"):
+        check_mla_tensors(x.q, x.kv_new, x.kv_cache, None, None)
     strided_q = x.q.transpose(0, 1).contiguous().transpose(0, 1)
     with pytest.raises(ValueError, match="q: must be contiguous"):
         check_mla_tensors(strided_q, x.kv_new, x.kv_cache, x.plan, None)

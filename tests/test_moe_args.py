@@ -11,7 +11,7 @@ from microbench.kernels import moe_few_token, moe_fused
 from microbench.kernels.moe_common import ExpertWeights, prepare_weights
 from microbench.kernels.moe_few_token import few_token_moe
 from microbench.kernels.moe_fused import fused_moe
-from microbench.kernels.moe_reference import pack_int4
+from microbench.kernels.moe_reference import check_int4_weight, pack_int4
 
 from .moe_helpers import DEVICE, dense_weights, hidden_states, moe_checkpoint, routing
 
@@ -117,6 +117,15 @@ def _bad_prepare_cases():
 def test_prepare_weights_rejects(args, kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         prepare_weights(*args, **kwargs)
+
+
+def test_int4_scales_that_are_not_a_tensor_are_named():
+    w13, w2 = dense_weights(4, 64, 32, seed=1)
+    (q13, s13), (q2, s2) = pack_int4(w13.float()), pack_int4(w2.float())
+    with pytest.raises(TypeError, match=r"^w13_scales: expected a torch.Tensor, got list"):
+        prepare_weights(q13, q2, w13_scales=s13.tolist(), w2_scales=s2)
+    with pytest.raises(TypeError, match=r"^w2_scales: expected a torch.Tensor, got list"):
+        check_int4_weight("w2", q2, s2.tolist())
 
 
 def test_prepare_weights_layout():

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from microbench.kernels.moe_common import prepare_weights
-from microbench.kernels.moe_tuning import GemmConfig
+from microbench.kernels.moe_tuning import GemmConfig, default_config
 from microbench.kernels.moe_few_token import few_token_moe
 from microbench.kernels.moe_fused import fused_moe
 from microbench.kernels.moe_reference import align_ref, fused_moe_ref, pack_int4
@@ -225,6 +225,10 @@ def test_unpack_once_is_searched_for_int4_and_refused_for_odd_groups():
     cfg = GemmConfig(block_n=16, block_k=16, unpack=1)
     with pytest.raises(ValueError, match="config_w13: unpack=1 needs a power-of-two INT4 group"):
         few_token_moe(hidden_states(1, 48, 3), W, tw, ids, config_w13=cfg, config_w2=cfg)
+    # given no configuration, such a group takes the default that reads a word per row
+    x = hidden_states(1, 48, 3)
+    _assert_matches_ref(few_token_moe(x, W, tw, ids), _reference(x, ck, tw, ids), x, FP16_TOL)
+    assert default_config("few_token", "w13", "int4", 96, 48, 1, whole_words=False).unpack == 0
 
 
 @pytest.mark.parametrize(("kind", "tol"), KINDS)

@@ -156,6 +156,14 @@ def _bad_calls() -> list:
         buf = t(3 * 8)  # out starts one row into residual
         rmsnorm(t(2, 8), w, EPS, residual=buf[:16].view(2, 8), out=buf[8:].view(2, 8))
 
+    def out_overlaps_weight() -> None:
+        buf = t(2 * 8)  # weight is out's second row
+        rmsnorm(t(2, 8), buf[8:], EPS, out=buf.view(2, 8))
+
+    def out_overlaps_x_partly() -> None:
+        buf = t(3 * 8)  # out starts one row into x: row 1 of x written (as row 0 of out) before it is read
+        rmsnorm(buf[:16].view(2, 8), w, EPS, out=buf[8:].view(2, 8))
+
     i32 = torch.ones(2, 8, dtype=torch.int32, device=DEVICE)
     return [
         ("x 1-D", lambda: rmsnorm(t(8), w, EPS), "x"),
@@ -175,6 +183,8 @@ def _bad_calls() -> list:
         ("out dtype", lambda: rmsnorm(t(2, 8), w, EPS, out=t(2, 8, dtype=f16)), "out"),
         ("out is residual", out_is_residual, "out"),
         ("out overlaps residual", out_overlaps_residual, "out"),
+        ("out overlaps weight", out_overlaps_weight, "out"),
+        ("out overlaps x partly", out_overlaps_x_partly, "out"),
         ("eps negative", lambda: rmsnorm(t(2, 8), w, -1.0), "eps"),
         ("eps bool", lambda: rmsnorm(t(2, 8), w, True), "eps"),
         ("eps nan", lambda: rmsnorm(t(2, 8), w, float("nan")), "eps"),
