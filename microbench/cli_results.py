@@ -92,6 +92,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
     failing = {"slower": "SLOWER", "broken": "BROKEN"}
     if any(row["label"] == failing[f] for f in a.fail_on or [] for row in result["rows"]):
         return 1
+    if "broken" in (a.fail_on or []) and result["only_base"] and not new["run"].get("complete", True):
+        # a run that crashed half-way has no row for the points it never reached
+        print(f"compare: {len(result['only_base'])} point(s) of {a.base} are missing from {a.new}, an incomplete "
+              "run (interrupted or crashed): broken", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -158,8 +163,8 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--format", choices=["text", "markdown"], default="text")
     c.add_argument("--min-effect", type=min_effect_arg, default=0.02, help="smallest ratio change called real (default 2%%)")
     c.add_argument("--fail-on", choices=["slower", "broken"], action="append",
-                   help="exit 1 when any point is SLOWER (slower), or OK in base and FAILED or SKIPPED in new "
-                        "(broken); repeatable")
+                   help="exit 1 when any point is SLOWER (slower), or OK in base and FAILED or SKIPPED in new, "
+                        "or missing from a new run that did not finish (broken); repeatable")
     c.add_argument("--stat", type=_quantile, metavar="median|pN",
                    help="statistic compared: median (default) or a percentile like p5")
     c.add_argument("--relative", action="store_true",

@@ -57,6 +57,18 @@ ENV_FIELDS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+#: Run settings whose difference alone can move timings: (label, path in the run).
+RUN_FIELDS: list[tuple[str, tuple[str, ...]]] = [
+    ("device", ("device",)),
+    ("ranks", ("world", "world_size")),
+    ("backend", ("world", "backend")),
+    ("CPU threads", ("cpu_threads",)),
+    ("interleaved", ("interleave",)),
+    ("timing mode", ("timing", "mode")),
+    ("input seed", ("seed",)),
+]
+
+
 def _get(d: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     for k in path:
         if not isinstance(d, Mapping) or k not in d:
@@ -272,8 +284,9 @@ def environment_diff(base: Mapping[str, Any], new: Mapping[str, Any], rows: list
     move or a run's wander counts from ``min_effect``, the size a verdict calls real."""
     out = []
     fb, fn = base.get("fingerprint") or {}, new.get("fingerprint") or {}
-    for label, path in ENV_FIELDS:
-        a, b = _get(fb, path), _get(fn, path)
+    sides = [(label, _get(fb, path), _get(fn, path)) for label, path in ENV_FIELDS]
+    sides += [(label, _get(base["run"], path), _get(new["run"], path)) for label, path in RUN_FIELDS]
+    for label, a, b in sides:
         if a != b and not (a is None and b is None):
             out.append(f"{label}: {a} -> {b}")
     clock_rows = [r for r in rows if any(n.startswith("SM clock") for n in r["notes"])]
@@ -332,9 +345,12 @@ def render(result: Mapping[str, Any], fmt: str = "text") -> str:
     tablefmt = "github" if fmt == "markdown" else "simple"
     per_floor = result.get("per_floor", False)
     cell = _cell_floor if per_floor else fmt_time
-    rows = [[r["case"], " ".join(f"{k}={v}" for k, v in r["axes"].items()), r["variant"],
+    # a note on one line, and in markdown no `|` to end its cell early (an error's text may hold one)
+    text = (lambda v: str(v).replace("\n", " ").replace("|", "\\|")) if fmt == "markdown" else \
+        (lambda v: str(v).replace("\n", " "))
+    rows = [[text(r["case"]), text(" ".join(f"{k}={v}" for k, v in r["axes"].items())), text(r["variant"]),
              cell(r["base_time"]), cell(r["new_time"]), _cell_ratio(r), _cell_env(r), r["label"],
-             "; ".join(n for n in r["notes"] if n)] for r in result["rows"]]
+             text("; ".join(n for n in r["notes"] if n))] for r in result["rows"]]
     q = result.get("quantile", 0.5)
     stat = "median" if q == 0.5 else f"p{100 * q:g}"
     unit = " (% floor)" if per_floor else ""

@@ -344,14 +344,18 @@ def render_csv(records: Iterable[dict[str, Any]]) -> str:
     w = csv.writer(buf)
     w.writerow(CSV_FIELDS)
     for r in records:
-        t = (r.get("timing") or {})
+        # a record failed in a later --repeat pass keeps its earlier timing in the file: as in
+        # the tables, a row that is not OK shows none of it
+        ok = r["status"] == "OK"
+        t = (r.get("timing") or {}) if ok else {}
         s = t.get("summary") or {}
-        vb = r.get("vs_baseline") or {}
+        vb = (r.get("vs_baseline") or {}) if ok else {}
+        m = r if ok else {}
         w.writerow([r["case"], " ".join(f"{k}={v}" for k, v in r["axes"].items()), r["variant"], r.get("device"),
                     r["status"], r.get("reason") or "", s.get("median"), s.get("mean"), s.get("min"), s.get("p20"),
                     s.get("p80"), s.get("rel_noise"), s.get("tick"), s.get("count"), t.get("stop_reason"),
-                    t.get("mode"), r.get("bytes"), r.get("flops"), r.get("gbps"), r.get("tflops"),
-                    r.get("pct_of_floor"), r.get("floor_source"), vb.get("ratio"), vb.get("lo"), vb.get("hi"),
+                    t.get("mode"), r.get("bytes"), r.get("flops"), m.get("gbps"), m.get("tflops"),
+                    m.get("pct_of_floor"), m.get("floor_source"), vb.get("ratio"), vb.get("lo"), vb.get("hi"),
                     vb.get("label"),
                     "; ".join(f"{k}={v}" for k, v in (r.get("derived") or {}).items())])
     return buf.getvalue()

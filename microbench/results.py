@@ -217,15 +217,25 @@ def _record_problem(r: dict[str, Any]) -> str | None:
     for k in _RECORD_OBJECTS:
         if r.get(k) is not None and not isinstance(r[k], dict):
             return f"{k} must be an object"
+    for k in ("reason", "floor_source", "baseline", "device"):
+        if r.get(k) is not None and not isinstance(r[k], str):
+            return f"{k} {r[k]!r} is not a string"
     vb = r.get("vs_baseline")
-    if vb is not None and not (isinstance(vb, dict) and _number(vb.get("ratio"), positive=True)):
-        return "vs_baseline must be an object with a positive ratio"
+    if vb is not None and not (isinstance(vb, dict) and isinstance(vb.get("label"), str)
+                               and _number(vb.get("ratio"), positive=True)
+                               and all(_number(vb.get(b), finite=False) for b in ("lo", "hi"))):
+        return "vs_baseline must be an object with a label, a positive ratio, and its lo and hi"
+    why = _parts_problem(r)
+    if why:
+        return why
     t = r.get("timing")
     if t is None:
         # an OK record was timed: every command reads its samples
         return "status OK but no timing" if r["status"] == "OK" else None
     if not isinstance(t, dict):
         return "timing must be an object"
+    if not _strings(t.get("notes", [])) or not isinstance(t.get("mode"), (str, type(None))):
+        return "timing's notes must be a list of strings and its mode a string"
     samples = t.get("samples_s")
     if not isinstance(samples, list) or not samples:
         return "timing has no samples (samples_s)"
@@ -254,6 +264,40 @@ def _record_problem(r: dict[str, Any]) -> str | None:
     return None
 
 
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _parts_problem(r: dict[str, Any]) -> str | None:
+    """What is wrong with the parts compare reads beside the timing: the probe's samples and
+    the clocks' figures (None: nothing)."""
+    probe = r.get("probe") or {}
+    ps = probe.get("samples_s")
+    if ps is not None and not (isinstance(ps, list) and ps and all(_number(x, positive=True) for x in ps)):
+        return "probe.samples_s must be a list of finite times > 0"
+    clocks = r.get("clocks") or {}
+    for part in ("sm_clock_mhz", "temperature_c"):
+        fig = clocks.get(part)
+        if fig is not None and not (isinstance(fig, dict) and all(
+                fig.get(k) is None or _number(fig[k]) for k in ("mean", "min", "max"))):
+            return f"clocks.{part} must be an object whose mean, min and max are numbers"
+    if clocks.get("throttle_reasons") is not None and not _strings(clocks["throttle_reasons"]):
+        return "clocks.throttle_reasons must be a list of names"
+    return None
+
+
+def _run_problem(run: dict[str, Any]) -> str | None:
+    """What is wrong with the run's parts the tables read (None: nothing)."""
+    for k, c in (run.get("ceilings") or {}).items():
+        if not (isinstance(c, dict) and _number(c.get("value"), positive=True) and isinstance(c.get("source"), str)):
+            return f"run.ceilings.{k} must be an object with a positive value and a source"
+    for case, lines in (run.get("summaries") or {}).items():
+        if not (isinstance(lines, list) and all(isinstance(x, str) or (isinstance(x, dict) and isinstance(
+                x.get("text"), str)) for x in lines)):
+            return f"run.summaries.{case} must be a list of lines (strings, or objects with a text)"
+    return None
+
+
 def validate(doc: Any, path: str = "result") -> None:
     """The checks every command's reading relies on: a foreign, other-version or malformed
     document is a ResultError naming what is wrong, not a crash further on."""
@@ -274,15 +318,24 @@ def validate(doc: Any, path: str = "result") -> None:
     for k in ("ceilings", "summaries", "targets", "timing", "world"):
         if doc["run"].get(k) is not None and not isinstance(doc["run"][k], dict):
             raise ResultError(f"{path}: malformed result file (run.{k} must be an object)")
+    why = _run_problem(doc["run"])
+    if why:
+        raise ResultError(f"{path}: malformed result file ({why})")
+    seen: dict[tuple, int] = {}
     for i, r in enumerate(doc["records"]):
         if not isinstance(r, dict) or not {"case", "axes", "variant", "status"} <= r.keys():
             raise ResultError(f"{path}: record {i} is malformed (needs case, axes, variant, status)")
         if r["status"] not in STATUSES:
             raise ResultError(f"{path}: record {i} has unknown status {r['status']!r}")
         why = _record_problem(r)
+        where = " ".join(f"{k}={v}" for k, v in r["axes"].items()) if isinstance(r["axes"], dict) else ""
         if why:
-            where = " ".join(f"{k}={v}" for k, v in r["axes"].items()) if isinstance(r["axes"], dict) else ""
             raise ResultError(f"{path}: record {i} ({r['case']} {where} {r['variant']}) is malformed: {why}")
+        # one record per point and variant (a run pools its passes into one): a second would
+        # leave compare to pick one of them
+        first = seen.setdefault(record_key(r), i)
+        if first != i:
+            raise ResultError(f"{path}: records {first} and {i} are both {r['case']} {where} {r['variant']}")
 
 
 def select(docs: Sequence[dict[str, Any]], cases: Sequence[str] = (), variants: Sequence[str] = (),

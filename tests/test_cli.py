@@ -174,6 +174,28 @@ def test_fail_on_broken_exits_1_when_a_point_that_was_ok_failed(tmp_path, capsys
     assert main(["compare", *paths, "--fail-on", "slower", "--fail-on", "broken"]) == 1
     assert "BROKEN" in capsys.readouterr().out
     assert main(["compare", paths[1], paths[0], "--fail-on", "broken"]) == 0  # fixed is not broken
+    # a record failed in a later pass keeps its earlier timing in the file; no report shows it
+    doc = json.load(open(paths[1]))
+    doc["records"][0]["timing"] = json.load(open(paths[0]))["records"][0]["timing"]
+    with open(paths[1], "w") as f:
+        json.dump(doc, f)
+    capsys.readouterr()
+    assert main(["report", paths[1], "--format", "csv"]) == 0
+    (row,) = csv.DictReader(io.StringIO(capsys.readouterr().out))
+    assert row["status"] == "FAILED" and row["median_s"] == "" and row["count"] == ""
+
+
+def test_fail_on_broken_exits_1_when_an_unfinished_run_lacks_points_that_were_ok(tmp_path, capsys):
+    rng = np.random.default_rng(4)
+    base = _result_file(tmp_path / "a", [_timed(rng, "v"), _timed(rng, "w")])
+    w = ResultWriter(str(tmp_path / "b"), {"device": "cpu"}, {"git": {}, "host": {}})
+    w.add([_timed(rng, "v")])
+    crashed = w.close(complete=False, error="RuntimeError: boom")
+    assert main(["compare", base, crashed, "--fail-on", "slower"]) == 0
+    assert main(["compare", base, crashed, "--fail-on", "broken"]) == 1
+    assert "1 point(s) of" in capsys.readouterr().err
+    finished = _result_file(tmp_path / "c", [_timed(rng, "v")])  # a narrower run that finished: not broken
+    assert main(["compare", base, finished, "--fail-on", "broken"]) == 0
 
 
 def test_compare_filters_keep_the_base_side_of_a_mapped_variant(tmp_path, capsys):

@@ -422,3 +422,31 @@ def test_the_environment_section_counts_a_move_from_the_min_effect():
         env = "\n".join(compare.compare_runs(base, new, min_effect=effect)["env"])
         assert f"environment probe {word}: ×1.03" in env, (effect, env)
         assert ("timings wandered" in env) == (effect == 0.02), (effect, env)
+
+
+def test_run_settings_that_can_move_timings_are_named_in_the_environment_section():
+    """Rank count, backend, CPU threads, interleaving, the timing mode and the input seed
+    are the run's, not the fingerprint's: a change of any of them is a line too."""
+    rng = np.random.default_rng(21)
+    base, new = _doc({"k": _samples(rng)}), _doc({"k": _samples(rng)})
+    base["run"].update(world={"world_size": 2, "backend": "gloo"}, cpu_threads=1, interleave=False, seed=0,
+                       timing={"mode": None})
+    new["run"].update(world={"world_size": 8, "backend": "nccl"}, cpu_threads=2, interleave=True, seed=3,
+                      timing={"mode": "graph"})
+    env = "\n".join(compare.compare_runs(base, new)["env"])
+    for text in ("ranks: 2 -> 8", "backend: gloo -> nccl", "CPU threads: 1 -> 2", "interleaved: False -> True",
+                 "timing mode: None -> graph", "input seed: 0 -> 3"):
+        assert text in env, (text, env)
+    assert "ranks" not in "\n".join(compare.compare_runs(base, copy.deepcopy(base))["env"])
+
+
+def test_a_note_with_a_pipe_or_a_newline_stays_in_its_markdown_cell():
+    rng = np.random.default_rng(22)
+    base = _doc({"k": _samples(rng)})
+    new = _doc({"k": _samples(rng)}, status={"k": "FAILED"})
+    new["records"][0]["reason"] = "TypeError: unsupported operand type(s) for |: 'int'\nand 'str'"
+    out = compare.render(compare.compare_runs(base, new), "markdown")
+    row = next(line for line in out.splitlines() if "BROKEN" in line)
+    assert row.count(" | ") + row.count("| ") - row.count("\\|") >= 8 and "for \\|: 'int' and 'str'" in row, row
+    cells = re.split(r"(?<!\\)\|", row.strip().strip("|"))
+    assert len(cells) == 9, cells

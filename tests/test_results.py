@@ -210,8 +210,17 @@ def _set(path, value):
     (_set("gbps", "x"), "gbps 'x' is not a finite number >= 0"),
     (_set("bytes", True), "bytes True is not a finite number >= 0"),
     (_set("facts", "big"), "facts must be an object"),
-    (_set("vs_baseline", {"label": "SAME"}), "vs_baseline must be an object with a positive ratio"),
-    (_set("vs_baseline", {"ratio": 0}), "vs_baseline must be an object with a positive ratio"),
+    (_set("vs_baseline", {"label": "SAME"}), "vs_baseline must be an object with a label, a positive ratio"),
+    (_set("vs_baseline", {"ratio": 0}), "vs_baseline must be an object with a label, a positive ratio"),
+    (_set("vs_baseline", {"label": "SAME", "ratio": 1.0}), "vs_baseline must be an object with a label"),
+    (_set("reason", 5), "reason 5 is not a string"),
+    (_set("floor_source", ["h200"]), "floor_source ['h200'] is not a string"),
+    (_set("timing.notes", [1]), "timing's notes must be a list of strings"),
+    (_set("timing.mode", ["hot"]), "timing's notes must be a list of strings and its mode a string"),
+    (_set("probe", {"samples_s": ["fast"]}), "probe.samples_s must be a list of finite times > 0"),
+    (_set("probe", {"samples_s": [0.0, 1e-3]}), "probe.samples_s must be a list of finite times > 0"),
+    (_set("clocks", {"sm_clock_mhz": {"mean": "fast"}}), "clocks.sm_clock_mhz must be an object whose mean"),
+    (_set("clocks", {"throttle_reasons": 5}), "clocks.throttle_reasons must be a list of names"),
 ])
 def test_a_record_the_commands_cannot_read_is_refused_by_name(tmp_path, change, message):
     """A record with parts no run writes (a time of 0 or NaN, bookkeeping that does not add
@@ -240,6 +249,11 @@ def test_a_record_the_commands_cannot_read_is_refused_by_name(tmp_path, change, 
     ({"run": None}, "malformed result file (missing run or records)"),
     ({"schema_version": "1"}, "schema version '1' but"),
     ({"schema_version": True}, "schema version True but"),
+    ({"run": {"ceilings": {"memory_bandwidth": 5}}}, "run.ceilings.memory_bandwidth must be an object with a"),
+    ({"run": {"ceilings": {"memory_bandwidth": {"value": "x", "source": "s"}}}}, "run.ceilings.memory_bandwidth"),
+    ({"run": {"summaries": {"c": [{}]}}}, "run.summaries.c must be a list of lines"),
+    ({"run": {"summaries": {"c": 5}}}, "run.summaries.c must be a list of lines"),
+    ({"records": [_rec(), _rec()]}, "records 0 and 1 are both c"),
 ])
 def test_a_file_whose_parts_are_of_the_wrong_kind_is_refused(tmp_path, doc, message):
     p = tmp_path / "r.json"
