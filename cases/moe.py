@@ -46,15 +46,15 @@ def _slug(name: str) -> str:
 
 
 def _target_slug(profile: Any) -> str:
-    """The table of the GPU a hardware profile describes: the shipped table whose name holds
-    one of the profile's device-name substrings (``H200`` -> ``nvidia-h200``), else the
-    profile's name (no such file: the documented defaults)."""
+    """The table of the GPU a hardware profile describes: the one shipped table whose name,
+    read as a device name, the profile matches as ``run`` matches a GPU (whole words, its
+    ``exclude`` words honoured: ``nvidia-h200`` for H200 SXM, not ``nvidia-gh200-480gb`` nor
+    ``nvidia-h200-nvl``), else the profile's name (no such file: the documented defaults)."""
+    from microbench.hardware import match_length
+
     tables = sorted(f[:-5] for f in os.listdir(TUNING_DIR) if f.endswith(".json")) if os.path.isdir(TUNING_DIR) else []
-    for m in profile.match:
-        hits = [t for t in tables if _slug(m) in t]
-        if len(hits) == 1:
-            return hits[0]
-    return profile.name
+    hits = [t for t in tables if match_length(profile, t)]
+    return hits[0] if len(hits) == 1 else profile.name
 
 
 def tuned_configs(table: Any, hidden: int, inter: int, tokens: int, weights: str,

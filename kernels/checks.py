@@ -36,6 +36,9 @@ COMPILE_ONLY = False
 #: While :data:`COMPILE_ONLY`: the target GPU's shared memory per block (bytes, the opt-in
 #: maximum), which launchers that size tiles by it read through :func:`shared_memory_per_block`.
 COMPILE_SHARED_PER_BLOCK: int | None = None
+#: While :data:`COMPILE_ONLY`: the target GPU's SM count, which split rules read through
+#: ``mla_common.sm_count`` (a split count sets constexprs and argument specialisations).
+COMPILE_SM_COUNT: int | None = None
 
 #: Below this much shared memory per block (sm_86, sm_89, sm_120: 99 KiB), launchers pick
 #: their smaller-tile configurations; Hopper and datacenter Blackwell (227 KiB) and sm_80

@@ -35,6 +35,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from microbench.kernels import checks
+
 #: Largest q_len per request: EAGLE-3 verify uses 1 + draft steps (x top-k in a tree);
 #: 16 covers a 3-step top-4 tree's 13 nodes and keeps q_len x heads rows within a tile.
 MAX_Q_LEN = 16
@@ -233,7 +235,8 @@ def _cuda_sm_count(index: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """SMs of ``device`` (cached per device) for the split rules; :data:`CPU_SM_STAND_IN` off the GPU."""
+    """SMs of ``device`` (cached per device) for the split rules; off the GPU the compile
+    target's while launches only compile, else :data:`CPU_SM_STAND_IN`."""
     if device.type != "cuda":
-        return CPU_SM_STAND_IN
+        return (checks.COMPILE_SM_COUNT or CPU_SM_STAND_IN) if checks.COMPILE_ONLY else CPU_SM_STAND_IN
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())

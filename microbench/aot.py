@@ -322,11 +322,12 @@ def check_not_interpreted(kernel: Any) -> None:
 
 
 @contextlib.contextmanager
-def compile_only(sm: SmLimits, cache_dir: str | None = None) -> Iterator[Session]:
+def compile_only(sm: SmLimits, cache_dir: str | None = None, sm_count: int | None = None) -> Iterator[Session]:
     """Within the block, every Triton launch compiles for ``sm``'s capability and returns
     without running; the yielded :class:`Session` collects the builds.  Triton's cache is a
     private directory (so ptxas runs and reports on every build) unless ``cache_dir`` is
-    given.  Everything is put back on exit."""
+    given.  ``sm_count``: the target's SMs, which launchers that split work by them read
+    (None: the CPU's stand-in, an H200's).  Everything is put back on exit."""
     knobs, driver, JITFunction = _triton_parts()
     from microbench.kernels import checks
 
@@ -347,7 +348,7 @@ def compile_only(sm: SmLimits, cache_dir: str | None = None) -> Iterator[Session
 
     saved_driver = driver._active
     saved_log, saved_cache = knobs.nvidia.dump_ptxas_log, knobs.cache.dir
-    saved_flag, saved_shared = checks.COMPILE_ONLY, checks.COMPILE_SHARED_PER_BLOCK
+    saved = checks.COMPILE_ONLY, checks.COMPILE_SHARED_PER_BLOCK, checks.COMPILE_SM_COUNT
     with tempfile.TemporaryDirectory(prefix="microbench-aot-") as tmp:
         driver.set_active(_TargetDriver(sm.arch))
         JITFunction.run = compile_instead
@@ -355,6 +356,7 @@ def compile_only(sm: SmLimits, cache_dir: str | None = None) -> Iterator[Session
         knobs.cache.dir = cache_dir or tmp
         checks.COMPILE_ONLY = True
         checks.COMPILE_SHARED_PER_BLOCK = sm.shared_per_block
+        checks.COMPILE_SM_COUNT = sm_count
         try:
             yield session
         finally:
@@ -362,7 +364,7 @@ def compile_only(sm: SmLimits, cache_dir: str | None = None) -> Iterator[Session
             driver._active = saved_driver
             knobs.nvidia.dump_ptxas_log = saved_log
             knobs.cache.dir = saved_cache
-            checks.COMPILE_ONLY, checks.COMPILE_SHARED_PER_BLOCK = saved_flag, saved_shared
+            checks.COMPILE_ONLY, checks.COMPILE_SHARED_PER_BLOCK, checks.COMPILE_SM_COUNT = saved
 
 
 def case_points(case: Any, suite: str, picks: dict[str, list[str]]) -> list[dict[str, Any]]:

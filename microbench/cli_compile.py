@@ -202,7 +202,8 @@ def build_share(a: argparse.Namespace, started: float, tag: str = "") -> tuple[l
         from microbench.kernels import launch
 
         check_not_interpreted(launch._empty_kernel)
-        with compile_only(profile.sm, cache_dir=_cache_dir() if a.into_cache else _SHARED_DIR) as session:
+        with compile_only(profile.sm, cache_dir=_cache_dir() if a.into_cache else _SHARED_DIR,
+                          sm_count=int(profile.sm_count.value)) as session:
             calls = compile_cases(cases, a.suite, picks, session, seed=a.seed, variants=variants,
                                   progress=progress, take=_Claims() if _NEXT is not None else None)
     except AotError as e:

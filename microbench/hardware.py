@@ -252,8 +252,11 @@ def _profile(data: Mapping[str, Any], label: str) -> HardwareProfile:
 
 
 def _has_words(name: str, words: str) -> bool:
-    """``words`` in ``name``, case-insensitively, not inside a longer word."""
-    return re.search(rf"(?<![a-z0-9]){re.escape(words.lower())}(?![a-z0-9])", name.lower()) is not None
+    """``words`` in ``name``, case-insensitively, not inside a longer word; punctuation and
+    spaces alike separate words (``Max-Q`` is in "... Max-Q ..." and in a file name's
+    ``...-max-q-...``)."""
+    plain = lambda s: " ".join(re.sub(r"[^a-z0-9]+", " ", s.lower()).split())  # noqa: E731
+    return re.search(rf"(?<![a-z0-9]){re.escape(plain(words))}(?![a-z0-9])", plain(name)) is not None
 
 
 def list_profiles() -> list[str]:
@@ -325,9 +328,15 @@ def profile_for_device_name(device_name: str) -> HardwareProfile | None:
     best: tuple[int, HardwareProfile] | None = None
     for path in _shipped("hardware").values():
         profile = _profile(_read_json(path), os.path.basename(path))
-        if any(_has_words(device_name, x) for x in profile.exclude):
-            continue
-        hits = [len(m) for m in profile.match if _has_words(device_name, m)]
-        if hits and (best is None or max(hits) > best[0]):
-            best = (max(hits), profile)
+        hit = match_length(profile, device_name)
+        if hit and (best is None or hit > best[0]):
+            best = (hit, profile)
     return best[1] if best else None
+
+
+def match_length(profile: HardwareProfile, device_name: str) -> int:
+    """The longest of ``profile``'s ``match`` entries found in ``device_name`` as whole words
+    (case-insensitively); 0 when none is, or when one of its ``exclude`` words is."""
+    if any(_has_words(device_name, x) for x in profile.exclude):
+        return 0
+    return max((len(m) for m in profile.match if _has_words(device_name, m)), default=0)

@@ -17,12 +17,17 @@ The measures (``kind``):
 
 - ``speedup``: time of ``ref`` / time of the variant at the same point, at least ``bar``;
   its interval is the table's own "vs baseline" verdict where ``ref`` is the case's
-  baseline, else the same rule between the two (:func:`microbench.verdicts.within_run`);
+  baseline, else the same rule between the two (:func:`microbench.verdicts.within_run`),
+  and as there, two variants timed one after the other whose records are too short to
+  show their wander are UNSURE whatever the interval;
 - ``time_ratio``: time of the variant / time of ``ref``, at most ``bar`` ("within 10%
   of the decode kernel" is ``time_ratio`` 1.10);
 - ``floor``: the record's floor (bytes / measured bandwidth, the roofline) / its median
   time, at least ``bar``; the interval is the median's distribution-free one, at least
-  one timer tick wide (:func:`microbench.stats.median_ci`).
+  one timer tick wide (:func:`microbench.stats.median_ci`), widened in quadrature by the
+  ceiling's own noise where the run measured it (a datasheet's figure is exact as stated).
+
+A value a bar names that no record has (a run narrowed by ``--axis``) is a row saying so.
 
 A bar is stated for one GPU (``stated_for``, a hardware profile name): on another the
 rows still say where the kernels stand, and the table says whose bar it is. Nothing here
@@ -221,10 +226,36 @@ def _why_untimed(name: str, r: dict[str, Any] | None) -> str:
     return f"{name}: no samples"
 
 
+def _floor_noise(doc: Mapping[str, Any], rec: Mapping[str, Any]) -> float | None:
+    """The relative 95% half-width of the ceiling under ``rec``'s floor: 0 for a datasheet
+    figure, the measuring record's median noise for one this run measured, None when that
+    record cannot be found (a file that does not say which point set the ceiling)."""
+    if "in this run" not in str(rec.get("floor_source")):
+        return 0.0
+    ceilings = (doc.get("run") or {}).get("ceilings") or {}
+    for kind, amount in (("memory_bandwidth", rec.get("bytes")), ("matmul_flops", rec.get("flops"))):
+        c = ceilings.get(kind)
+        if not (c and amount and math.isclose(amount / c["value"], rec["floor_s"], rel_tol=1e-9)):
+            continue
+        case, field = str(c.get("source", "")).removesuffix(" in this run"), _AMOUNT[kind]
+        for r in doc["records"]:  # the record that set it: its point, and the work over time it read
+            if (r["case"] == case and r.get("axes") == c.get("axes") and r["status"] == "OK" and r.get("timing")
+                    and r.get(field) and math.isclose(r[field] / r["timing"]["summary"]["median"], c["value"],
+                                                      rel_tol=1e-9)):
+                noise = r["timing"]["summary"]["rel_noise"]
+                return noise if math.isfinite(noise) else None
+    return None
+
+
+#: the record field a ceiling's work is counted in
+_AMOUNT = {"memory_bandwidth": "bytes", "matmul_flops": "flops"}
+
+
 def _measure(t: Target, rec: dict[str, Any], ref: dict[str, Any] | None,
-             run: Mapping[str, Any]) -> tuple[float, float, float]:
+             run: Mapping[str, Any], floor_noise: float = 0.0) -> tuple[float, float, float]:
     """(value, lo, hi) of ``t``'s measure for ``rec`` (against ``ref``); ValueError when
-    the samples cannot give one (a non-positive time)."""
+    the samples cannot give one (a non-positive time). ``floor_noise``: the relative
+    half-width of the floor's own ceiling (:func:`_floor_noise`)."""
     import numpy as np
 
     from microbench.stats import median_ci
@@ -237,7 +268,16 @@ def _measure(t: Target, rec: dict[str, Any], ref: dict[str, Any] | None,
             raise ValueError(f"{rec['variant']}: median time {tm!r}")
         lo_t, hi_t = median_ci(samples, resolution=rec["timing"].get("resolution_s") or 0.0)
         floor = rec["floor_s"]
-        return floor / tm, (floor / hi_t if math.isfinite(hi_t) else 0.0), (floor / lo_t if lo_t > 0 else math.inf)
+        value = floor / tm
+        lo, hi = (floor / hi_t if math.isfinite(hi_t) else 0.0), (floor / lo_t if lo_t > 0 else math.inf)
+        # a floor from a ceiling this run measured is known to its median's noise too: the two
+        # log half-widths add in quadrature (a datasheet's figure is exact as stated)
+        c = math.log1p(floor_noise)
+        if c and lo > 0:
+            lo = value * math.exp(-math.hypot(math.log(value / lo), c))
+        if c and math.isfinite(hi):
+            hi = value * math.exp(math.hypot(math.log(hi / value), c))
+        return value, lo, hi
     assert ref is not None
     vb = rec.get("vs_baseline")
     if vb and rec.get("baseline") == t.ref:  # the table's own verdict: ratio = variant / ref
@@ -260,6 +300,7 @@ def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any],
     keep their values and are not judged (verdict "n/a (CPU)")."""
     from microbench.case import point_label
     from microbench.results import record_key
+    from microbench.verdicts import wander_known
 
     run = doc.get("run") or {}
     on_cpu = _on_cpu(doc)
@@ -278,6 +319,9 @@ def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any],
             if not points:
                 rows.append({**base, "variant": ", ".join(t.variants), "point": "-", "verdict": None, "why": absent})
                 continue
+            # a value the bar names that no record has (a run narrowed by --axis): said, not dropped
+            gaps = [f"{a}={json_value}" for a, values in t.where.items() for json_value in values
+                    if not any(p.get(a) == json_value for p in points)]
             names = list(dict.fromkeys(a for p in points for a in p))
             varying = [a for a in names if len({repr(p.get(a)) for p in points}) > 1]
             for v in t.variants:
@@ -300,15 +344,26 @@ def evaluate(case_targets: Mapping[str, Sequence[Target]], doc: dict[str, Any],
                         row["why"] = row["why"] or "; ".join(_why_untimed(n, x) for n, x in missing)
                         rows.append(row)
                         continue
+                    noise = _floor_noise(doc, rec) if t.kind == "floor" else 0.0
                     try:
-                        value, lo, hi = _measure(t, rec, ref, run)
+                        value, lo, hi = _measure(t, rec, ref, run, noise or 0.0)
                     except ValueError as e:  # a time the statistics refuse (<= 0): said, not a crash
                         row.update(verdict="NO TIME", why=str(e))
                         rows.append(row)
                         continue
-                    row.update(value=value, lo=lo, hi=hi,
-                               verdict="n/a (CPU)" if on_cpu else _judge(lo, hi, t.bar, KINDS[t.kind][0]))
+                    verdict = "n/a (CPU)" if on_cpu else _judge(lo, hi, t.bar, KINDS[t.kind][0])
+                    if noise is None and verdict in ("MET", "MISSED"):
+                        verdict, row["why"] = "UNSURE", "the floor's ceiling: no record in this file says how well it was measured"
+                    if (t.kind != "floor" and verdict in ("MET", "MISSED")
+                            and not wander_known(ref["timing"], rec["timing"], interleaved=bool(run.get("interleave")))):
+                        # as the run's own table says: timed one after the other, each too
+                        # short to show how far it wandered meanwhile
+                        verdict, row["why"] = "UNSURE", ("timed one after the other, too few samples to see either's "
+                                                         "wander: run longer or with --interleave")
+                    row.update(value=value, lo=lo, hi=hi, verdict=verdict)
                     rows.append(row)
+            for gap in gaps:
+                rows.append({**base, "variant": ", ".join(t.variants), "point": gap, "verdict": None, "why": absent})
     return rows
 
 

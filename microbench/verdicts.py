@@ -343,7 +343,7 @@ def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: 
     if interleaved:
         return compare_paired(base["samples_s"], new["samples_s"], min_effect=min_effect,
                               rotation=rotations(new), passes=new.get("passes"), half_ticks=ticks)
-    sides = [block_wander(t["samples_s"], t.get("passes"), short=True) for t in (base, new)]
+    sides = _wanders(base, new)
     v = compare_samples(base["samples_s"], new["samples_s"], min_effect=min_effect,
                         env_sigma=math.hypot(sides[0][0], sides[1][0]), env_df=sides[0][1] + sides[1][1],
                         half_ticks=ticks, identical_is_same=False)
@@ -352,6 +352,18 @@ def within_run(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: 
         # a difference could be the machine's
         v = replace(v, label="UNSURE")
     return v
+
+
+def _wanders(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[float, int]]:
+    return [block_wander(t["samples_s"], t.get("passes"), short=True) for t in (base, new)]
+
+
+def wander_known(base: Mapping[str, Any], new: Mapping[str, Any], *, interleaved: bool) -> bool:
+    """Whether :func:`within_run` can bound the two records' difference at all: paired
+    rounds always can; variants timed one after the other only when each record is long
+    enough to show its own wander (else its interval is not widened for it, and its label
+    is UNSURE whatever the interval)."""
+    return interleaved or all(df for _, df in _wanders(base, new))
 
 
 def paired_ratios(base: Sequence[float], new: Sequence[float], rotation: int | Sequence[int] = 1,

@@ -106,6 +106,12 @@ def test_moe_picks_the_targets_tuning_table(monkeypatch, tmp_path):
     assert moe.device_slug("cpu") == "nvidia-h200"
     monkeypatch.setattr(case_mod, "COMPILE_TARGET", load_profile("rtx-pro-6000"))
     assert moe.device_slug("cpu") == "nvidia-rtx-pro-6000-blackwell-server-edition"
+    # other boards' tables beside it (a GH200, an H200 NVL, a Max-Q) are not the target's
+    for other in ("nvidia-gh200-480gb", "nvidia-h200-nvl", "nvidia-rtx-pro-6000-blackwell-max-q-workstation-edition"):
+        (tmp_path / f"{other}.json").write_text("{}")
+    assert moe.device_slug("cpu") == "nvidia-rtx-pro-6000-blackwell-server-edition"
+    monkeypatch.setattr(case_mod, "COMPILE_TARGET", load_profile("h200"))
+    assert moe.device_slug("cpu") == "nvidia-h200"
 
 
 def test_cli_builds_a_suites_kernels_for_h200(tmp_path):
@@ -160,6 +166,23 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message, monkeypatch, capsys
     assert main(["compile", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_split_rules_read_the_targets_sm_count(monkeypatch):
+    """An H100 PCIe has 114 SMs: its decode and verify split counts (which set constexprs
+    and argument specialisations) are its own, not the CPU stand-in's 132."""
+    import torch
+
+    from microbench.kernels import checks
+    from microbench.kernels.mla_common import CPU_SM_STAND_IN, sm_count
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(checks, "COMPILE_SM_COUNT", 114)
+    assert sm_count(cpu) == CPU_SM_STAND_IN == 132  # not while launches run (the interpreter)
+    monkeypatch.setattr(checks, "COMPILE_ONLY", True)
+    assert sm_count(cpu) == 114 == load_profile("h100-pcie").sm_count.value
+    monkeypatch.setattr(checks, "COMPILE_SM_COUNT", None)
+    assert sm_count(cpu) == 132
 
 
 def test_launchers_read_the_targets_shared_memory(monkeypatch):

@@ -155,14 +155,57 @@ def test_time_ratio_and_floor():
     floor = Target("80% of the floor", ("new",), "floor", 0.8)
     recs = [_rec("new", {"t": 1}, 10 * US, floor=9 * US), _rec("new", {"t": 2}, 10 * US, floor=7 * US),
             _rec("new", {"t": 3}, 10 * US, n=4, floor=9 * US)]
-    recs[0]["floor_source"] = "measured in this run"
-    del recs[1]["timing"]["summary"]  # the samples are what is read
-    rows = {r["point"]: r for r in _rows(floor, recs)}
+    rows = {r["point"]: r for r in _rows(floor, recs)}  # floors from a datasheet: exact as stated
     assert rows["t=1"]["verdict"] == "MET" and rows["t=1"]["value"] == pytest.approx(0.9, rel=0.01)
-    assert rows["t=1"]["details"] == "floor: measured in this run"
     assert rows["t=2"]["verdict"] == "MISSED"
     # four samples: no interval for the median, so no verdict either way
     assert rows["t=3"]["verdict"] == "UNSURE" and rows["t=3"]["hi"] == math.inf
+
+
+def _measured_floor(copy_noise):
+    """A point whose floor (9 µs) comes from the copy bandwidth this run measured, with
+    that copy's median known to ``copy_noise``."""
+    copy = _rec("torch", {"bytes": 1 << 30}, 1e-3, case="calibration.copy", baseline="torch")
+    copy["bytes"], copy["timing"]["summary"]["rel_noise"] = 1 << 30, copy_noise
+    bw = (1 << 30) / copy["timing"]["summary"]["median"]
+    rec = _rec("new", {"t": 1}, 10 * US, floor=9 * US)
+    rec.update(bytes=9 * US * bw, floor_source="measured in this run")
+    doc = _doc([rec, copy])
+    doc["run"]["ceilings"] = {"memory_bandwidth": {"value": bw, "unit": "B/s", "source": "calibration.copy in this run",
+                                                   "axes": {"bytes": 1 << 30}}}
+    return doc
+
+
+def test_a_measured_floor_carries_its_ceilings_noise():
+    floor = Target("80% of the floor", ("new",), "floor", 0.8)
+    exact = targets.evaluate({"c.k": [floor]}, _measured_floor(0.0))[0]
+    (quiet,) = targets.evaluate({"c.k": [floor]}, _measured_floor(0.01))
+    assert quiet["verdict"] == "MET" and quiet["value"] == pytest.approx(exact["value"])
+    assert quiet["lo"] < exact["lo"] and quiet["hi"] > exact["hi"]
+    assert math.log(exact["value"] / quiet["lo"]) == pytest.approx(
+        math.hypot(math.log(exact["value"] / exact["lo"]), math.log1p(0.01)))
+    (loud,) = targets.evaluate({"c.k": [floor]}, _measured_floor(0.2))  # 0.9 of a floor known to ±20%
+    assert loud["verdict"] == "UNSURE" and loud["lo"] < 0.8
+    lost = _measured_floor(0.01)
+    lost["records"].pop()  # the copy's record is not in the file: how well the floor is known, unknown
+    (row,) = targets.evaluate({"c.k": [floor]}, lost)
+    assert row["verdict"] == "UNSURE" and "no record in this file says" in row["why"]
+
+
+def test_a_value_a_bar_names_that_the_file_lacks_is_a_row():
+    t = Target("80% of the floor at 16K keys and more", ("new",), "floor", 0.8, where={"t": (1, 2)})
+    rows = _rows(t, [_rec("new", {"t": 1}, 10 * US, floor=9 * US)])
+    assert [(r["point"], r["verdict"]) for r in rows] == [("-", "MET"), ("t=2", None)]
+    assert rows[1]["why"] == "no such point in this file"
+
+
+def test_variants_timed_one_after_the_other_too_short_to_show_their_wander_are_unsure():
+    t = Target("8x extend", ("verify",), "speedup", 8.0, ref="extend")
+    recs = [_rec("verify", {"t": 1}, 11 * US, n=8, baseline="other"), _rec("extend", {"t": 1}, 100 * US, n=8)]
+    (row,) = _rows(t, recs)
+    assert row["lo"] > 8.0 and row["verdict"] == "UNSURE" and "too few samples to see" in row["why"], row
+    recs = [_rec("verify", {"t": 1}, 11 * US, n=60, baseline="other"), _rec("extend", {"t": 1}, 100 * US, n=60)]
+    assert _rows(t, recs)[0]["verdict"] == "MET"
 
 
 def test_rows_without_a_time_say_why():
