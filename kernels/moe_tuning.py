@@ -283,9 +283,14 @@ class TuningTable:
         }
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:  # a full disk: the old table stays, and no half-written temporary
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
         return path
 

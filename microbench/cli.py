@@ -325,10 +325,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
             rc = run_on_ranks(a, suite, kind, multi, nproc, opts, writer)
     except KeyboardInterrupt:
-        path = writer.close(complete=False, interrupted=True)
-        print(report.render(writer.doc, a.format), end="")
-        print(f"interrupted: {len(writer.records)} records kept in {path} (marked incomplete)", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return close_interrupted(writer, a.format)
     except BaseException as e:  # a crash outside any case: the points finished so far stay on disk
         writer.close(complete=False, error=f"{type(e).__name__}: {e}")
         raise
@@ -336,13 +333,13 @@ def cmd_run(a: argparse.Namespace) -> int:
         if rc:
             path = writer.close(complete=False, error=f"the {nproc}-rank run exited with status {rc}")
             print(report.render(writer.doc, a.format), end="")
-            print(f"results (incomplete): {path}", file=sys.stderr)
+            results_line(path, "results (incomplete)")
             return 1
         path = writer.close(complete=True)
         print(report.render(writer.doc, a.format), end="")
-        print_targets("run", writer.doc, a.format, path)
-        print(f"results: {path}", file=sys.stderr)
-        return 0
+        print_targets("run", writer.doc, a.format, path or "RESULT")
+        results_line(path)
+        return 0 if path else 1
     finally:  # the file closed first, whatever happened: leaving the world cannot cost it
         _leave(world)
 
@@ -357,6 +354,25 @@ def _leave(world: Any) -> None:
     except Exception as e:  # noqa: BLE001
         print(f"microbench run: warning: closing the process group failed ({type(e).__name__}: {e}); "
               f"the result file was closed before it, as it stands", file=sys.stderr)
+
+
+def close_interrupted(writer: Any, fmt: str) -> int:
+    """Ctrl-C or SIGTERM during a run: its file closed as incomplete, the table of what it
+    finished, where that is; the exit status."""
+    from microbench import report
+
+    path = writer.close(complete=False, interrupted=True)
+    print(report.render(writer.doc, fmt), end="")
+    print(f"interrupted: {len(writer.records)} records " + (f"kept in {path} (marked incomplete)" if path else
+                                                            "(not written: see above)"), file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def results_line(path: str | None, what: str = "results") -> None:
+    """Where the run's file is, on stderr; nothing when none could be written (the writer
+    said why)."""
+    if path:
+        print(f"{what}: {path}", file=sys.stderr)
 
 
 def print_targets(command: str, doc: dict[str, Any], fmt: str, path: str, also: str | None = None) -> None:
@@ -460,6 +476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return rc
     except UsageError as e:
         return _err(str(e))
+    except KeyboardInterrupt:  # outside a command's own handling (starting up, printing its table)
+        print("microbench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader left (`| head`): it had what it wanted; no traceback,
         # and none at exit either, when Python flushes stdout into the closed pipe again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -11,6 +11,7 @@ import tempfile
 import time
 from typing import Any
 
+from microbench.children import end_with_parent
 from microbench.cli import EXIT_INTERRUPTED, UsageError, _axis_picks, _split
 from microbench.report import render_table
 
@@ -223,25 +224,10 @@ _SHARED_DIR: str | None = None
 def _init_worker(counter: Any, cache_dir: str, threads: int, parent: int) -> None:
     global _NEXT, _SHARED_DIR
     _NEXT, _SHARED_DIR = counter, cache_dir
-    _end_with_parent(parent)
+    end_with_parent(parent)  # no worker outlives the command
     import torch
 
     torch.set_num_threads(threads)  # the workers share the cores
-
-
-def _end_with_parent(parent: int) -> None:
-    """Linux: this process gets SIGTERM when ``parent``, which started it, ends, however it
-    ends (a SIGKILL included), so no worker outlives the command."""
-    import ctypes
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: Ctrl-C reaches the whole process group anyway
-        return
-    if os.getppid() != parent:  # it ended before the request was made
-        os._exit(1)
 
 
 def _stop_workers(pool: Any) -> None:
@@ -394,11 +380,14 @@ def cmd_compile(a: argparse.Namespace) -> int:
         doc = {"schema": "microbench.compile", "version": 1, "target": profile.name, "arch": sm.arch,
                "suite": a.suite, **tools, "limits": {k: v for k, v in vars(sm).items()},
                "builds": [b.to_json(sm) for b in builds], "failures": [f.to_json() for f in session.failures]}
-        tmp = a.json + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, indent=1)
-        os.replace(tmp, a.json)
-        print(f"details: {a.json}", file=sys.stderr)
+        from microbench.results import write_atomic
+
+        try:
+            write_atomic(a.json, doc, indent=1)
+            print(f"details: {a.json}", file=sys.stderr)
+        except OSError as e:  # the table above stands; its details could not be kept
+            print(f"microbench compile: could not write {a.json} ({e.strerror or e})", file=sys.stderr)
+            return EXIT_PROBLEMS
     if not calls:
         print("microbench compile: no variant was called (every point skipped?)", file=sys.stderr)
         return EXIT_PROBLEMS

@@ -129,14 +129,20 @@ def cmd_try(a: argparse.Namespace) -> int:
                              env.fingerprint(device))
     print(f"microbench try: {variant.name} on {case.id}, suite {suite} on {device}: {len(p.items)} points, "
           "interleaved with the case's variants", file=sys.stderr)
-    records = Runner(opts, writer).run(p)
+    try:
+        records = Runner(opts, writer).run(p)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the points finished so far, as `run` keeps them
+        return cli.close_interrupted(writer, a.format)
+    except BaseException as e:  # a crash outside any point: what was finished stays on disk
+        writer.close(complete=False, error=f"{type(e).__name__}: {e}")
+        raise
     _vs_best(case, variant.name, records, a.min_effect)
     path = writer.close(complete=True)
     print(report.render(writer.doc, a.format), end="")
-    cli.print_targets("try", writer.doc, a.format, path, also=variant.name)
-    print(f"results: {path}", file=sys.stderr)
+    cli.print_targets("try", writer.doc, a.format, path or "RESULT", also=variant.name)
+    cli.results_line(path)
     mine = [r for r in records if r["variant"] == variant.name]
-    return 0 if mine and all(r["status"] in ("OK", "SKIPPED") for r in mine) else 1
+    return 0 if path and mine and all(r["status"] in ("OK", "SKIPPED") for r in mine) else 1
 
 
 def _watch(a: argparse.Namespace, case: Any, device: str, world: Any, budget_s: float) -> int:

@@ -54,8 +54,8 @@ def cmd_tune(a: argparse.Namespace) -> int:
           + (f" ({shared} more share their table entries with one of them)" if shared else "")
           + (f", at most {a.max_trials} trials per search" if a.max_trials else ""), file=sys.stderr)
     try:
-        rows, _ = tune(items, device, seed=a.seed, timing=timing, cache_bytes=env.l2_cache_bytes(device),
-                       max_trials=a.max_trials, out=a.out)
+        rows, _, unsaved = tune(items, device, seed=a.seed, timing=timing, cache_bytes=env.l2_cache_bytes(device),
+                                max_trials=a.max_trials, out=a.out)
     except KeyboardInterrupt:
         print("interrupted: the tuning tables keep each search's best so far", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -64,6 +64,10 @@ def cmd_tune(a: argparse.Namespace) -> int:
     if rows:
         print(tabulate(rows, headers="keys", tablefmt="github" if a.format == "markdown" else "simple",
                        disable_numparse=True))
+    if unsaved:
+        print(f"microbench tune: no table holds the winners of {len(unsaved)} point(s) (writing it failed): "
+              f"{'; '.join(unsaved)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,12 +5,13 @@ error of the communication layer itself stops every rank)."""
 
 from __future__ import annotations
 
+import inspect
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from microbench.samplers import free_cached_memory
 
-__all__ = ["agreed_outcome", "agreed_reason", "attempt", "error_text", "failure", "is_dist"]
+__all__ = ["agreed_outcome", "agreed_reason", "attempt", "culprit", "error_text", "failure", "is_dist"]
 
 
 def error_text(e: BaseException) -> str:
@@ -44,8 +45,33 @@ def attempt(world: Any, tag: str, dev: str, fn: Callable[[], Any]) -> tuple[Any,
         value, outcome = fn(), {"error": None}
     except Exception as e:  # noqa: BLE001
         value, outcome = None, failure(e)
+        if world is None:  # one process: the caller may ask which of its calls raised (culprit)
+            outcome["exception"] = _Frames(e)
         free_cached_memory(dev, error=e)
     return value, agreed_outcome(world, tag, outcome)
+
+
+class _Frames:
+    """The code objects of an error's traceback, kept without its frames (whose locals the
+    caller frees): what :func:`culprit` reads."""
+
+    def __init__(self, e: BaseException) -> None:
+        self.codes = []
+        tb = e.__traceback__
+        while tb is not None:
+            self.codes.append(tb.tb_frame.f_code)
+            tb = tb.tb_next
+
+
+def culprit(frames: Any, fns: Sequence[Callable[..., Any]]) -> int | None:
+    """Which of ``fns`` (variants timed together) raised the error ``frames`` keeps: the
+    one whose code is in its traceback, or None when none is, or the code is several
+    variants' (closures of one function)."""
+    if not isinstance(frames, _Frames):
+        return None
+    codes = [getattr(inspect.unwrap(f), "__code__", None) for f in fns]
+    hits = {i for i, c in enumerate(codes) if c is not None and c in frames.codes and codes.count(c) == 1}
+    return hits.pop() if len(hits) == 1 else None
 
 
 def agreed_reason(world: Any, tag: str, why: str | None) -> str | None:

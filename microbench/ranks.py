@@ -11,6 +11,7 @@ lock step, rank 0 writes the result file and prints the table.
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import os
 import shlex
@@ -19,6 +20,11 @@ import sys
 import tempfile
 import time
 from typing import Any, Sequence
+
+from microbench.children import end_with_parent
+
+#: Set in the environment of the torchrun a plain ``microbench run --nproc N`` starts.
+RANKS_OF_A_RUN = "MICROBENCH_RANKS_OF_A_RUN"
 
 
 def child_argv(a: argparse.Namespace, suite: str, device_kind: str, cases: Sequence[Any], opts: Any,
@@ -62,12 +68,18 @@ def run_on_ranks(a: argparse.Namespace, suite: str, device_kind: str, cases: Seq
         print(f"microbench run: {len(cases)} multi-rank case(s) on {nproc} ranks: {shlex.join(cmd)}",
               file=sys.stderr, flush=True)
         # OMP_NUM_THREADS set: torchrun would otherwise set 1 and print a banner about it
+        # torchrun (and so its ranks) ends with this process, however it ends: a kill leaves
+        # no ranks running on, their file never merged
         proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                                                          str(a.threads))})
+                                                                                          str(a.threads)),
+                                          RANKS_OF_A_RUN: "1"},
+                                preexec_fn=functools.partial(end_with_parent, os.getpid()))
         try:
             rc = proc.wait()
-        except BaseException:  # Ctrl-C or SIGTERM: torchrun stops its ranks, then their files are merged
-            _stop(proc)
+        except BaseException as e:  # Ctrl-C or SIGTERM: torchrun stops its ranks, then their files are merged
+            # Ctrl-C at a terminal reaches torchrun too: a second signal would cut its own
+            # shutdown short, so it is given a moment to end by itself first
+            _stop(proc, first_wait_s=5.0 if isinstance(e, KeyboardInterrupt) and not e.args else 0.0)
             raise
         finally:
             kept = _merge(tmp, writer)
@@ -77,9 +89,15 @@ def run_on_ranks(a: argparse.Namespace, suite: str, device_kind: str, cases: Seq
     return rc
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
-    """SIGTERM to torchrun, which passes it to its ranks (each then keeps what it finished);
-    SIGKILL only if it has not exited within ``grace_s`` (torchrun itself gives its ranks 30 s)."""
+def _stop(proc: subprocess.Popen, grace_s: float = 45.0, first_wait_s: float = 0.0) -> None:
+    """SIGTERM to torchrun, which passes it to its ranks (each then keeps what it finished),
+    unless it ends within ``first_wait_s`` by itself; SIGKILL only if it has not exited
+    within ``grace_s`` more (torchrun itself gives its ranks 30 s)."""
+    if first_wait_s > 0:
+        try:
+            proc.wait(first_wait_s)
+        except subprocess.TimeoutExpired:
+            pass
     if proc.poll() is not None:
         return
     proc.terminate()
@@ -148,6 +166,9 @@ def run_ranks(a: argparse.Namespace) -> int:
         print(f"microbench run: suite {suite} on {world.size} rank(s) ({world.backend}, {world.device} on rank 0): "
               f"{len(p.items)} points from {len(multi)} case(s)", file=sys.stderr, flush=True)
         writer = cli.open_writer(a.out, cli.run_meta(a, opts, multi), fingerprints[0])
+        # every point on disk as it ends: a rank lost mid-run can leave this one stuck in a
+        # collective, where no signal handler runs, until torchrun kills it
+        writer.min_interval_s = 0
         writer.doc["run"]["world"] = world.describe()
         writer.doc["ranks"] = [{"rank": r, "fingerprint": fp} for r, fp in enumerate(fingerprints)]
         world.on_fatal(lambda line: writer.close(complete=False, error=line))
@@ -163,6 +184,7 @@ def run_ranks(a: argparse.Namespace) -> int:
         path = writer.close(complete=True)
         if not a.no_table:
             print(report.render(writer.doc, a.format), end="")
-        print(f"results: {path}", file=sys.stderr)
+        if not os.environ.get(RANKS_OF_A_RUN):  # else the run that started torchrun merges it and says where
+            cli.results_line(path)
     world.close()
     return 0

@@ -35,6 +35,7 @@ marked ``complete: false``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gzip
 import json
@@ -42,6 +43,7 @@ import math
 import os
 import re
 import socket
+import sys
 import tempfile
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -82,15 +84,18 @@ def _claim(directory: str, name: str) -> str:
     raise ResultError(f"{directory}: could not claim a new result file name for {name}")
 
 
-def write_atomic(path: str, doc: dict[str, Any]) -> None:
-    """Write JSON to ``path`` through a temporary file in the same folder + os.replace.
+def write_atomic(path: str, doc: dict[str, Any], indent: int | None = None) -> None:
+    """Write JSON to ``path`` through a temporary file in the same folder + os.replace; a
+    write that fails (a full disk) leaves the old file and no temporary one.
 
-    Compact separators: json's C encoder serves only ``indent=None``, and a GPU run's file
-    (hundreds of points, thousands of raw samples each) takes seconds to write through the
-    pure-Python one; ``python -m json.tool`` indents a file for reading.
+    Compact separators by default: json's C encoder serves only ``indent=None``, and a GPU
+    run's file (hundreds of points, thousands of raw samples each) takes seconds to write
+    through the pure-Python one; ``python -m json.tool`` indents a file for reading.
+    ``indent``: for small files read by people (a build report).
     """
     directory = os.path.dirname(os.path.abspath(path))
-    text = json.dumps(doc, separators=(",", ":"), allow_nan=True)  # before the temporary file: a bad doc leaves none
+    # before the temporary file: a bad doc leaves none
+    text = json.dumps(doc, indent=indent, separators=None if indent else (",", ":"), allow_nan=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
     try:
         os.fchmod(fd, _file_mode(path))  # mkstemp's file is private (0600); the result is not
@@ -104,6 +109,10 @@ def write_atomic(path: str, doc: dict[str, Any]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+#: Where a run's file goes when its own folder cannot take it (``ResultWriter.close``).
+FALLBACK_DIR = os.path.join(tempfile.gettempdir(), "microbench-results")
 
 
 def _file_mode(path: str) -> int:
@@ -126,11 +135,16 @@ class ResultWriter:
     kill, a segfault) loses at most that window's points: with the default 0.25 s, on a
     GPU (a point takes seconds) the point in progress only. ``close`` (a finished, failed
     or interrupted run) always writes; ``min_interval_s=0`` writes on every flush.
+
+    A write that fails (a full disk, the folder removed) does not stop the run: ``flush``
+    says so once on stderr and tries again later; ``close`` remakes the folder, and failing
+    that writes the file under the temporary folder (:data:`FALLBACK_DIR`) and says where.
     """
 
     def __init__(self, out_dir: str, run: dict[str, Any], fingerprint: dict[str, Any], min_interval_s: float = 0.25):
         self.min_interval_s = min_interval_s
         self._next_write = 0.0
+        self.write_error: str | None = None  # the last write's failure, None once one succeeds
         os.makedirs(out_dir, exist_ok=True)
         short = (fingerprint.get("git") or {}).get("short")
         host = (fingerprint.get("host") or {}).get("hostname")
@@ -155,16 +169,42 @@ class ResultWriter:
         now = time.monotonic()
         if not force and now < self._next_write:
             return
-        write_atomic(self.path, self.doc)
+        try:
+            write_atomic(self.path, self.doc)
+        except OSError as e:
+            if self.write_error is None:
+                print(f"microbench: cannot write {self.path} ({e.strerror or e}): the run goes on, keeping its "
+                      "results to write when it ends", file=sys.stderr, flush=True)
+            self.write_error = str(e)
+            self._next_write = now + max(self.min_interval_s, 5.0)
+            return
+        self.write_error = None
         took = time.monotonic() - now
         self._next_write = now + max(self.min_interval_s, 10 * took) if self.min_interval_s > 0 else 0.0
 
-    def close(self, *, complete: bool, interrupted: bool = False, error: str | None = None) -> str:
+    def close(self, *, complete: bool, interrupted: bool = False, error: str | None = None) -> str | None:
+        """Write the file a last time; its path (another one, said on stderr, where that
+        one could not be written), or None when no file could be written (said too)."""
         self.doc["run"].update(complete=complete, interrupted=interrupted, finished_utc=utc_now())
         if error:
             self.doc["run"]["error"] = error
+        with contextlib.suppress(OSError):  # a folder removed under the run is made again
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self.flush(force=True)
-        return self.path
+        if self.write_error is None:
+            return self.path
+        try:
+            os.makedirs(FALLBACK_DIR, exist_ok=True)
+            path = _claim(FALLBACK_DIR, os.path.basename(self.path))
+            write_atomic(path, self.doc)
+        except (OSError, ResultError) as e:
+            print(f"microbench: the results could not be written: {self.path} ({self.write_error}), {FALLBACK_DIR} "
+                  f"({e})", file=sys.stderr, flush=True)
+            return None
+        print(f"microbench: could not write {self.path} ({self.write_error}): the results are in {path}",
+              file=sys.stderr, flush=True)
+        self.path, self.write_error = path, None
+        return path
 
 
 def load(path: str) -> dict[str, Any]:

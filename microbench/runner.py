@@ -22,7 +22,7 @@ from microbench import probe, stats, verdicts
 from microbench.case import Case, Point, point_label
 from microbench.env import ClockSampler
 from microbench.gate import check_variant
-from microbench.outcome import agreed_outcome, agreed_reason, attempt, error_text, failure
+from microbench.outcome import agreed_outcome, agreed_reason, attempt, culprit, error_text, failure
 from microbench.pace import DEADLINE_NOTE, Pace
 from microbench.planning import Plan, RunOptions, runs_per_point, variant_skip
 from microbench.profile import attached_note as cupti_note
@@ -242,16 +242,22 @@ class Runner:
         o = self.opts
         lock = world.lockstep() if world is not None else None
         measured: dict[str, Measurement] = {}
-        if o.interleave and len(ready) > 1:
+        ready = list(ready)
+        while o.interleave and len(ready) > 1:
             ms, outcome = attempt(world, "interleaved timing", dev, lambda: measure_interleaved(
                 [c for _, c in ready], device=dev, options=timing, cache_bytes=o.cache_bytes, lockstep=lock))
-            if outcome["error"]:
-                for v, _ in ready:
-                    recs[v.name].update(status="FAILED", reason=outcome["error"])
+            if not outcome["error"]:
+                measured = {v.name: m for (v, _), m in zip(ready, ms)}
+                self._rank_medians(world, lock, measured, recs)
+                return measured
+            # one process, and the error's traceback names the variant that raised: that one
+            # fails, the others are timed again without it (on several ranks, every one fails)
+            i = culprit(outcome.get("exception"), [v.fn for v, _ in ready]) if world is None else None
+            for v, _ in ready if i is None else [ready[i]]:
+                recs[v.name].update(status="FAILED", reason=outcome["error"], traceback=outcome.get("traceback"))
+            if i is None:
                 return {}
-            measured = {v.name: m for (v, _), m in zip(ready, ms)}
-            self._rank_medians(world, lock, measured, recs)
-            return measured
+            ready.pop(i)
         for v, calls in ready:
             m, outcome = attempt(world, f"{v.name} timing", dev, functools.partial(
                 measure, calls, device=dev, options=timing, cache_bytes=o.cache_bytes, lockstep=lock))

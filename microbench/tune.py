@@ -84,10 +84,11 @@ def distinct_items(items: Sequence[tuple[Case, Point]]) -> tuple[list[tuple[Case
 
 def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, timing: TimingOptions | None = None,
          cache_bytes: int | None = None, max_trials: int | None = None, out: str | None = None,
-         log: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+         log: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """Tune every point (once per :meth:`Case.tuning_key`: :func:`distinct_items`); returns
-    the winners' rows and the tables written (``out``: the one table updated, read and
-    written, instead of each case's own).
+    the winners' rows, the tables written (``out``: the one table updated, read and
+    written, instead of each case's own) and the points whose winners could not be written
+    (a full disk: the search goes on).
 
     Each case saves its table after every point (``Case.save_tuning``), and when anything
     stops the search (Ctrl-C, SIGTERM, an error) once more before that goes on: what the
@@ -98,6 +99,7 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
     timing = timing or TimingOptions(budget_s=0.2, max_noise=0.01)
     rows: list[dict[str, Any]] = []
     written: list[str] = []
+    unsaved: list[str] = []  # the points whose winners no table holds
 
     def saved(path: str | None) -> None:  # each table once, as "tuning table: PATH" (scripts read it)
         if path and path not in written:
@@ -127,6 +129,11 @@ def tune(items: Sequence[tuple[Case, Point]], device: str, *, seed: int = 0, tim
             raise
         for r in found:
             rows.append({"case": case.id, **point, **r})
-        saved(case.save_tuning(device, out))
+        try:
+            saved(case.save_tuning(device, out))
+        except OSError as e:  # a full disk: the search goes on, its winners are in the table printed
+            unsaved.append(f"{case.id} {point_label(point)}")
+            log(f"    the tuning table could not be written ({e.strerror or e}): this point's winners are only "
+                "in the table printed at the end")
         log(f"    {trial.count} trials ({trial.rejected} rejected) in {time.perf_counter() - t0:.1f} s")
-    return rows, written
+    return rows, written, unsaved

@@ -300,6 +300,43 @@ def test_sigterm_during_a_multi_rank_run_stops_its_ranks_and_keeps_their_points(
     assert doc["run"]["interrupted"] is True and len(doc["records"]) >= 1, err[-2000:]
 
 
+def _marked(mark):
+    """PIDs of live processes whose environment holds ``mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark.encode() in env and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.multirank
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_run_killed_outright_leaves_no_ranks_running(tmp_path):
+    """SIGKILL to `run --nproc 2` (no handler runs): torchrun and its ranks end with it."""
+    mark = f"MICROBENCH_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", mark.split("=")[0]: mark.split("=")[1]}
+    p = subprocess.Popen([sys.executable, "-m", "microbench", "run", "--device", "cpu", "--case", "comm.allreduce_sweep",
+                          "--nproc", "2", "--budget-s", "20", "--repeat", "1", "--out", str(tmp_path)],
+                         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        if "[1/" in line and "comm." in line:  # the ranks are running their first point
+            break
+    assert len(_marked(mark)) >= 3  # this run, torchrun, its ranks
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 45  # the ranks had minutes of timing left
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _marked(mark), "processes of the killed run still running"
+
+
 def test_env_prints_reasons_for_what_is_missing(capsys):
     assert main(["env", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -357,3 +357,45 @@ def test_the_ranks_file_brings_its_summaries_into_the_runs(tmp_path):
     main = ResultWriter(str(tmp_path / "main"), {"summaries": {"c": ["mine"]}}, FP)
     assert _merge(str(tmp_path / "ranks"), main) == 1
     assert main.doc["run"]["summaries"] == {"c": ["mine"], "comm.x": [{"text": "t", "axes": {}, "variants": []}]}
+
+
+def test_a_write_that_fails_does_not_stop_the_run_and_its_file_lands_elsewhere(tmp_path, monkeypatch, capsys):
+    """A full disk under the run's folder: flushes say so once and the run goes on; the
+    last write goes to the fallback folder and says where."""
+    from microbench import results
+
+    out, fallback = tmp_path / "out", tmp_path / "fallback"
+    monkeypatch.setattr(results, "FALLBACK_DIR", str(fallback))
+    w = ResultWriter(str(out), {"suite": "smoke"}, FP, min_interval_s=0)
+    real = results.write_atomic
+
+    def full(path, doc, indent=None):
+        if path.startswith(str(out)):
+            raise OSError(28, "No space left on device")
+        real(path, doc, indent)
+    monkeypatch.setattr(results, "write_atomic", full)
+    for i in range(3):
+        w.add([_rec(variant=f"v{i}")])
+        w.flush()  # no exception: the run goes on
+    err = capsys.readouterr().err
+    assert err.count("cannot write") == 1 and "No space left on device" in err
+    path = w.close(complete=True)
+    assert path.startswith(str(fallback)) and len(load(path)["records"]) == 3
+    assert f"the results are in {path}" in capsys.readouterr().err
+    # nowhere to write at all: None, and both places named
+    monkeypatch.setattr(results, "write_atomic", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
+    w2 = ResultWriter(str(out), {"suite": "smoke"}, FP)
+    assert w2.close(complete=True) is None
+    assert "the results could not be written" in capsys.readouterr().err
+
+
+def test_a_folder_removed_under_a_run_is_made_again_for_its_last_write(tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    w = ResultWriter(str(out), {"suite": "smoke"}, FP, min_interval_s=0)
+    w.add([_rec()])
+    shutil.rmtree(out)
+    w.flush()  # the folder is gone: said, not raised
+    path = w.close(complete=True)
+    assert path == w.path and path.startswith(str(out)) and load(path)["records"]

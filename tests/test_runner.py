@@ -456,3 +456,31 @@ def test_pooled_passes_keep_the_timers_resolution_where_their_samples_show_no_ti
     s = old[0]["timing"]["summary"]
     assert s["count"] == 50 and s["tick"] == 0.5e-6
     assert s["rel_noise"] == pytest.approx(0.25e-6 / 4e-6)  # half the tick over the median, not 0
+
+
+def test_a_variant_that_fails_while_interleaved_fails_alone_and_the_others_are_timed():
+    """Timed together, one variant raising (out of memory, say) must not take the others'
+    timings with it: it is FAILED with its error, the rest are timed again without it."""
+    import torch
+
+    from microbench.case import Variant
+
+    class Late(Scaled):
+        def variants(self):
+            calls = []
+
+            def late(a, b, c):
+                calls.append(1)
+                if len(calls) > 2:  # correct at the gate, then out of memory while timed
+                    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                torch.mm(a, b, out=c)
+            return [*super().variants()[:2], Variant("late", late, devices=("cpu",))]
+
+    recs, _ = _run(Late(), variants=["base", "other", "late"], interleave=True, axis_picks={"n": ["32"]},
+                   timing=TimingOptions(budget_s=0.05, max_noise=0.05))
+    by = {r["variant"]: r for r in recs}
+    assert by["late"]["status"] == "FAILED" and "out of memory" in by["late"]["reason"]
+    assert by["late"]["timing"] is None
+    for name in ("base", "other"):
+        assert by[name]["status"] == "OK" and by[name]["timing"]["samples_s"], by[name]
+    assert "vs_baseline" in by["other"]

@@ -152,3 +152,39 @@ def test_watch_prints_one_line_per_save(scaffold, monkeypatch, capsys):
     assert len(lines) == 2
     assert " correct " in lines[0] and "vs torch" in lines[0]
     assert " INCORRECT " in lines[1] and "elements off" in lines[1]
+
+
+def test_ctrl_c_while_timing_keeps_what_finished_and_exits_130(scaffold, tmp_path, capsys):
+    """Ctrl-C (here raised from the variant itself once the checks passed) ends `try` as
+    it ends `run`: the table of what finished, the file marked interrupted, exit 130."""
+    src = scaffold.read_text() + (
+        "\n_calls = [0]\n\n\ndef stopping(x, weight, eps, out, residual=None):\n"
+        "    _calls[0] += 1\n    if _calls[0] > 60:\n        raise KeyboardInterrupt\n"
+        "    return my_rmsnorm(x, weight, eps, out, residual)\n")
+    path = tmp_path / "stopping.py"
+    path.write_text(src)
+    out = tmp_path / "res"
+    argv = ["try", f"{path}::stopping", *QUICK[:-5], "--axis", "tokens=1,5", "--axis", "norm=kv_a,input", "--no-probe"]
+    assert main([*argv, "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted:" in err and "(marked incomplete)" in err and "Traceback" not in err
+    (result,) = glob.glob(os.path.join(str(out), "*.json"))
+    doc = json.load(open(result))
+    assert doc["run"]["interrupted"] and not doc["run"]["complete"]
+
+
+def test_ctrl_c_outside_a_commands_own_handling_is_one_line_and_130(monkeypatch, capsys):
+    def interrupted(a):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli_try, "cmd_try", interrupted)
+    import microbench.cli as cli_mod
+
+    parser = cli_mod.build_parser
+
+    def patched():
+        p = parser()
+        p._subparsers._group_actions[0].choices["try"].set_defaults(func=interrupted)
+        return p
+    monkeypatch.setattr(cli_mod, "build_parser", patched)
+    assert main(["try", "x.py::f", "--case", "norm.rmsnorm"]) == 130
+    assert capsys.readouterr().err.strip() == "microbench: interrupted"

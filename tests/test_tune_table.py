@@ -80,9 +80,9 @@ def test_points_that_write_the_same_entries_are_tuned_once(trials, capsys):
     kept, shared = tune_mod.distinct_items(items)
     assert [p for _, p in kept] == [items[0][1], items[2][1], items[3][1]] and shared == 2
     logs: list[str] = []
-    rows, written = tune_mod.tune(items[:2], "cpu", max_trials=1, log=logs.append)
+    rows, written, unsaved = tune_mod.tune(items[:2], "cpu", max_trials=1, log=logs.append)
     assert len(trials) == 3 and {r["routing"] for r in rows} == {"router"}  # one point's three searches
-    assert "1 point(s) share their table entries with an earlier one" in logs[0] and len(written) == 1
+    assert "1 point(s) share their table entries with an earlier one" in logs[0] and len(written) == 1 and not unsaved
 
 
 def test_a_gpu_with_little_shared_memory_searches_from_its_own_default():
@@ -91,3 +91,28 @@ def test_a_gpu_with_little_shared_memory_searches_from_its_own_default():
     assert small[0] == default_config(*args, small_shared=True) and small[0].num_stages == 2
     assert {c.num_stages for c in small} == {2, 3}
     assert {c.num_stages for c in search_space(*args)} == {3, 4}
+
+
+def test_a_table_that_cannot_be_written_keeps_the_search_and_its_winners_printed(trials, monkeypatch, tmp_path,
+                                                                                 capsys):
+    def full(self, path=None):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(TuningTable, "save", full)
+    assert cli.main([*TUNE, "--axis", "weights=bf16"]) == 1
+    out, err = capsys.readouterr()
+    assert len(trials) == 3 and "few_token" in out  # every search ran, its winners in the table
+    assert "the tuning table could not be written (No space left on device)" in err
+    assert "no table holds the winners of 1 point(s)" in err
+
+
+def test_a_failed_table_write_leaves_the_old_table_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    TuningTable("cpu", [], None).save(str(path))
+    before = path.read_text()
+
+    def full(*a, **kw):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(json, "dump", full)
+    with pytest.raises(OSError):
+        TuningTable("cpu", [], None).save(str(path))
+    assert path.read_text() == before and not (tmp_path / "t.json.tmp").exists()
