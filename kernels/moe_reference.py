@@ -116,7 +116,8 @@ def router_ref(
         scores = sigmoid(hidden @ gate_weight.T)                  # [T, E]
         biased = scores + correction_bias                         # chooses, never weighs
         group  = sum of the 2 largest biased scores in each of the n_group groups
-                 (the one score when a group holds a single expert)
+                 (the one score when a group holds a single expert); with no
+                 correction_bias, the group's largest score (DeepSeek-V3's Gate)
         keep the topk_group best groups; experts of the others are masked to -inf
         ids    = the top_k experts by biased score among the kept, best first
         w      = scores[ids] (unbiased), / (sum(w) + 1e-20) if renormalize,
@@ -163,9 +164,14 @@ def router_ref(
 
     gs = E // n_group
     grouped = biased.view(T, n_group, gs)
-    top2 = grouped.topk(min(2, gs), dim=-1).values.sum(dim=-1)  # [T, n_group]
+    # a group's score: with the correction bias the sum of its two best biased scores, without
+    # it its best score (DeepSeek-V3's Gate, vLLM's and SGLang's grouped top-k)
+    if correction_bias is None:
+        group_score = grouped.amax(dim=-1)  # [T, n_group]
+    else:
+        group_score = grouped.topk(min(2, gs), dim=-1).values.sum(dim=-1)
     # A stable descending sort puts equal scores in index order: ties go to the lower id.
-    group_order = torch.sort(top2, dim=-1, descending=True, stable=True).indices
+    group_order = torch.sort(group_score, dim=-1, descending=True, stable=True).indices
     keep = torch.zeros(T, n_group, dtype=torch.bool, device=hidden.device)
     keep.scatter_(1, group_order[:, :topk_group], True)
     masked = grouped.masked_fill(~keep[:, :, None], float("-inf")).view(T, E)

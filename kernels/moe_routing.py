@@ -93,12 +93,13 @@ def _grouped_topk_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, scale,
     big = E + G_BLOCK * S_BLOCK  # larger than any lane index, for "lowest index" mins
 
     if TOPK_GROUP < N_GROUP:
-        # Group score = sum of its two best biased scores: take the max, remove its
-        # first lane, take the max again (a one-expert group scores its one expert).
+        # Group score with a correction bias (noaux_tc) = sum of its two best biased
+        # scores: take the max, remove its first lane, take the max again (a one-expert
+        # group scores its one expert); without one, its best score (DeepSeek-V3's Gate).
         m1 = tl.max(biased, axis=1)
         first = tl.min(tl.where(biased == m1[:, None], s, big), axis=1)
         m2 = tl.max(tl.where(s == first[:, None], neg_inf, biased), axis=1)
-        if GS > 1:
+        if GS > 1 and HAS_BIAS:
             gscore = m1 + m2
         else:
             gscore = m1
@@ -112,19 +113,27 @@ def _grouped_topk_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, scale,
             gscore = tl.where(gidx == pick, neg_inf, gscore)
         biased = tl.where(kept[:, None], biased, neg_inf)
 
-    # Iterated maxima: best first, ties to the lowest expert id.  Validation guarantees
-    # at least TOP_K finite lanes, so a padded lane is never picked.
+    # Iterated maxima over the lanes not yet chosen: best first, ties to the lowest expert
+    # id, as the reference's stable sort. Chosen lanes are tracked apart from their
+    # scores: where fewer than TOP_K lanes are finite (a -inf bias masking experts), the
+    # rest are taken among the -inf ones in id order, never one twice; a NaN score (no
+    # lane equals the max) takes the lowest open lane. A padded lane is never open.
     kk = tl.arange(0, K_BLOCK)
     out_ids = tl.zeros([K_BLOCK], dtype=tl.int32)
     out_w = tl.zeros([K_BLOCK], dtype=tl.float32)
+    chosen = expert < 0  # all False
     for i in tl.static_range(TOP_K):
-        best = tl.max(tl.max(biased, axis=1), axis=0)
-        pick = tl.min(tl.min(tl.where(biased == best, expert, big), axis=1), axis=0)
+        open_ = valid & (chosen == 0)
+        cand = tl.where(open_, biased, neg_inf)
+        best = tl.max(tl.max(cand, axis=1), axis=0)
+        pick = tl.min(tl.min(tl.where(open_ & (cand == best), expert, big), axis=1), axis=0)
+        lowest = tl.min(tl.min(tl.where(open_, expert, big), axis=1), axis=0)
+        pick = tl.where(pick == big, lowest, pick)
         hit = (expert == pick) & valid
         w = tl.sum(tl.sum(tl.where(hit, scores, 0.0), axis=1), axis=0)
         out_ids = tl.where(kk == i, pick, out_ids)
         out_w = tl.where(kk == i, w, out_w)
-        biased = tl.where(hit, neg_inf, biased)
+        chosen = chosen | hit
 
     if RENORM:
         out_w = out_w / (tl.sum(out_w, axis=0) + EPS)

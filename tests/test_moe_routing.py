@@ -56,7 +56,9 @@ def _router_loop(hidden, gate, bias, *, top_k, n_group, topk_group, factor, reno
         logits = (gate.double().cpu() @ hidden[t].double().cpu()).tolist()
         scores = [1.0 / (1.0 + math.exp(-v)) for v in logits]
         biased = [s + (float(bias[e]) if bias is not None else 0.0) for e, s in enumerate(scores)]
-        gscore = [sum(sorted(biased[g * gs:(g + 1) * gs], reverse=True)[:2]) for g in range(n_group)]
+        # with the correction bias a group scores its two best; without, its best (DeepSeek-V3's Gate)
+        gscore = [sum(sorted(biased[g * gs:(g + 1) * gs], reverse=True)[:2 if bias is not None else 1])
+                  for g in range(n_group)]
         kept = sorted(range(n_group), key=lambda g: (-gscore[g], g))[:topk_group]
         cand = [e for e in range(E) if e // gs in kept]
         chosen = sorted(cand, key=lambda e: (-biased[e], e))[:top_k]
@@ -166,22 +168,43 @@ def _logit_inputs(logits: list[list[float]]):
     return hidden, torch.eye(hidden.shape[1], dtype=torch.float32, device=DEVICE)
 
 
-def test_route_and_router_ref_break_ties_to_the_lower_index():
+@pytest.mark.parametrize(("with_bias", "want_ids"), [
+    # with a (zero) correction bias a group scores its two best: group 0 (two tied bests)
+    # beats group 1 (a higher best, a lower sum); groups 2 and 3 tie: keep 0 and 2
+    pytest.param(True, [[0, 1, 8], [0, 1, 2]], id="bias-top2-sum"),
+    # without one a group scores its best (DeepSeek-V3's Gate): groups 1 and 0
+    pytest.param(False, [[4, 0, 1], [0, 1, 2]], id="no-bias-max"),
+])
+def test_route_and_router_ref_break_ties_to_the_lower_index(with_bias, want_ids):
     """Equal scores, equal pairs of top scores inside a group, and equal group scores: the
     lower expert and the lower group win, as the loop writes out."""
-    cfg = (16, 4, 2, 3, 2.0, True, False)
+    cfg = (16, 4, 2, 3, 2.0, True, with_bias)
     hidden, gate = _logit_inputs([
-        # group 0: two tied bests; group 1: a higher best but a lower sum of two;
-        # groups 2 and 3 identical, between them: keep groups 0 and 2, then 0, 1, 8
         [2.0, 2.0, -3, -3, 2.5, 0.5, -3, -3, 1.5, 1.5, -3, -3, 1.5, 1.5, -3, -3],
         [0.0] * 16,  # everything tied: groups 0 and 1, experts 0, 1, 2
     ])
-    want_ids = [[0, 1, 8], [0, 1, 2]]
-    lw, lids = _router_loop(hidden, gate, None, top_k=3, n_group=4, topk_group=2, factor=2.0, renormalize=True)
+    bias = torch.zeros(16, device=DEVICE) if with_bias else None
+    lw, lids = _router_loop(hidden, gate, bias, top_k=3, n_group=4, topk_group=2, factor=2.0, renormalize=True)
     assert lids.tolist() == want_ids
-    for w, ids in (router_ref(hidden, gate, None, **_kwargs(cfg)), route(hidden, gate, None, **_kwargs(cfg))):
+    for w, ids in (router_ref(hidden, gate, bias, **_kwargs(cfg)), route(hidden, gate, bias, **_kwargs(cfg))):
         assert ids.cpu().tolist() == want_ids
         torch.testing.assert_close(w.cpu().double(), lw, rtol=1e-6, atol=1e-6)
+
+
+def test_fewer_finite_scores_than_top_k_never_choose_an_expert_twice():
+    """A -inf bias masking all but two experts, top-4: the two, then the masked ones in id
+    order, as the reference's stable sort gives; a NaN score never repeats an id either."""
+    cfg = (8, 1, 1, 4, 1.0, True, True)
+    hidden, gate = _logit_inputs([[0.5, -0.5, 1.0, 0.0, 0.2, 0.3, -1.0, 0.1]])
+    bias = torch.full((8,), float("-inf"), device=DEVICE)
+    bias[3], bias[5] = 0.0, 0.0
+    ids_ref = router_ref(hidden, gate, bias, **_kwargs(cfg))[1].cpu().tolist()
+    assert ids_ref == [[5, 3, 0, 1]]
+    assert route(hidden, gate, bias, **_kwargs(cfg))[1].cpu().tolist() == ids_ref
+    nan = hidden.clone()
+    nan[0, 2] = float("nan")
+    ids = route(nan, gate, torch.zeros(8, device=DEVICE), **_kwargs(cfg))[1].cpu().tolist()[0]
+    assert len(set(ids)) == 4 and all(0 <= i < 8 for i in ids), ids
 
 
 # the interpreter's sigmoid overflows exp(200) to inf on the way to its 0
