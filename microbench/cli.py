@@ -23,6 +23,9 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell tool killed by it returns
 #: When this command began (``main``): --deadline-s counts from here, so the imports, the
 #: device and process-group set-up and the fingerprint before the first point count too.
 _started: float | None = None
+#: Set for the ranks a ``run --nproc N --deadline-s S`` starts: the wall-clock time (epoch
+#: seconds) its deadline falls at, so the ranks' launch and set-up count against it.
+DEADLINE_EPOCH = "MICROBENCH_DEADLINE_EPOCH"
 
 
 class UsageError(Exception):
@@ -164,6 +167,12 @@ def run_selection(a: argparse.Namespace, device: str) -> tuple[str, list, list[s
     unknown = [v for v in variants if v not in known]
     if unknown:
         raise UsageError(f"unknown variant {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
+    if variants:  # a case with none of the variants named has nothing to run: said, not counted
+        none = [c.id for c in cases if not any(v.name in variants for v in c.variants())]
+        if none:
+            print(f"microbench: --variant {','.join(variants)}: not in {', '.join(none)}, whose points are not run",
+                  file=sys.stderr)
+        cases = [c for c in cases if c.id not in none]
     return suite, cases, variants
 
 
@@ -200,11 +209,14 @@ def run_options(a: argparse.Namespace, suite: str, device: str, variants: list[s
 
     timing, repeat = run_timing(a, device)
     deadline = deadline_s(a)
+    deadline_at = None if deadline is None else (_started or time.monotonic()) + deadline
+    epoch = os.environ.get(DEADLINE_EPOCH)
+    if deadline_at is not None and epoch:  # a rank of a run: the run's own deadline, its launch counted
+        deadline_at = time.monotonic() + float(epoch) - time.time()
     return RunOptions(suite=suite, device=device, variants=variants, axis_picks=_axis_picks(a.axis), timing=timing,
                       interleave=a.interleave, seed=a.seed, min_effect=a.min_effect, probe=not a.no_probe,
                       cache_bytes=env.l2_cache_bytes(device), profile_ceilings=_profile_ceilings(device),
-                      repeat=repeat, world=world,
-                      deadline_at=None if deadline is None else (_started or time.monotonic()) + deadline)
+                      repeat=repeat, world=world, deadline_at=deadline_at)
 
 
 def deadline_s(a: argparse.Namespace) -> float | None:
@@ -289,11 +301,15 @@ def cmd_run(a: argparse.Namespace) -> int:
     from microbench.runner import Runner
 
     opts = run_options(a, suite, device, variants)
-    p = make_plan(here, opts, cases)
-    if multi and nproc > 1:
-        make_plan(multi, opts, cases)  # bad axis values fail here, in one line, not on every rank
     from microbench.cli_plan import duration_text
     from microbench.planning import planned_runs
+
+    p = make_plan(here, opts, cases)
+    ranks_runs = 0  # the ranks' variant runs after this process's, within the same --deadline-s
+    if multi and nproc > 1:
+        pm = make_plan(multi, opts, cases)  # bad axis values fail here, in one line, not on every rank
+        with distributed.expecting(nproc):
+            ranks_runs = planned_runs(pm, variants, device)[0] * opts.repeat
 
     with distributed.expecting(1 if solo else None):
         n_var, _ = planned_runs(p, variants, device)
@@ -302,7 +318,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(f"microbench run: suite {suite} on {device}: {len(p.items)} points ({n_var} variant runs)"
               + (f" x {opts.repeat} passes" if opts.repeat > 1 else "")
               + (f", {len(p.skipped)} skipped" if p.skipped else "") + f" from {len(here)} case(s)"
-              + f", timing at most {duration_text(bound)}"
+              + f", timing budget {duration_text(bound)} (a variant's slowest calls may pass it: 3 samples at least)"
               + (f" (budgets cut as needed to end by --deadline-s {a.deadline_s:g})" if a.deadline_s else "")
               + (f", then {len(multi)} multi-rank case(s) on {nproc} ranks" if multi and nproc > 1 else ""),
               file=sys.stderr)
@@ -319,7 +335,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     rc = 0
     try:
         with distributed.expecting(1 if solo else None):
-            runner.run(p)
+            runner.run(p, after_runs=ranks_runs)
         if multi and nproc > 1:
             from microbench.ranks import run_on_ranks
 

@@ -87,8 +87,9 @@ def render_plan(suite: str, device: str, rows: list[dict[str, Any]], settings: d
     lines = [("**" if md else "") + f"Plan: suite {suite} on {device}, nothing run" + ("**" if md else ""), "",
              render_table(body, head, fmt).rstrip("\n"), ""]
     passes = f"{settings['repeat']} pass{'es' if settings['repeat'] > 1 else ''}"
-    note = (f"The timing budget is an upper bound: {settings['budget_s']:g} s per variant run and pass "
-            f"({passes}); a variant stops sooner once its median's noise is under {settings['max_noise']:.1%}. "
+    note = (f"The timing budget: {settings['budget_s']:g} s per variant run and pass ({passes}); a variant "
+            f"stops sooner once its median's noise is under {settings['max_noise']:.1%}, and later where 3 of its "
+            "calls (the fewest a median takes) outlast the budget. "
             "Set-up, the correctness gate, warm-up and first-call compiles come on top. Reasons that "
             "depend on this host (a library it lacks) may not hold where the run is meant to go."
             + (f" With --deadline-s {settings['deadline_s']:g}, budgets are cut as the run goes so that its "

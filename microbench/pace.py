@@ -31,10 +31,14 @@ class Pace:
     ones being lost to a time limit. ``budget()`` is None when the run has no deadline.
     """
 
-    def __init__(self, opts: Any, runs: Sequence[int], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, opts: Any, runs: Sequence[int], clock: Callable[[], float] = time.monotonic,
+                 after: int = 0):
         """``opts``: the run's RunOptions (its ``deadline_at`` and ``timing.budget_s``);
-        ``runs``: the variant runs at each point, in the order they will run."""
-        self.opts, self.runs, self.clock = opts, list(runs), clock
+        ``runs``: the variant runs at each point, in the order they will run (a later pass's
+        count may be lowered once the first pass says which variants it runs); ``after``:
+        variant runs made after these by another process (a run's ranks), within the same
+        deadline, whose share these leave them."""
+        self.opts, self.runs, self.clock, self.after = opts, list(runs), clock, after
         self.mark = clock()  # when the current point began
         self.i = 0
         self.setup_per_run: list[float] = []  # per point: its wall time less its sampling, per run
@@ -45,7 +49,7 @@ class Pace:
         if self.opts.deadline_at is None:
             return None
         self.mark = now = self.clock()
-        left_runs = sum(self.runs[self.i:])
+        left_runs = sum(self.runs[self.i:]) + self.after
         if not left_runs:
             return self.opts.timing.budget_s
         seen = self.setup_per_run  # under 3 points a median is one outlier: the least, until more come

@@ -70,10 +70,12 @@ def run_on_ranks(a: argparse.Namespace, suite: str, device_kind: str, cases: Seq
         # OMP_NUM_THREADS set: torchrun would otherwise set 1 and print a banner about it
         # torchrun (and so its ranks) ends with this process, however it ends: a kill leaves
         # no ranks running on, their file never merged
-        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                                                          str(a.threads)),
-                                          RANKS_OF_A_RUN: "1"},
-                                preexec_fn=functools.partial(end_with_parent, os.getpid()))
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(a.threads)), RANKS_OF_A_RUN: "1"}
+        if opts.deadline_at is not None:  # the run's deadline as a time of day: the ranks' launch counts
+            from microbench.cli import DEADLINE_EPOCH
+
+            env[DEADLINE_EPOCH] = repr(time.time() + opts.deadline_at - time.monotonic())
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=functools.partial(end_with_parent, os.getpid()))
         try:
             rc = proc.wait()
         except BaseException as e:  # Ctrl-C or SIGTERM: torchrun stops its ranks, then their files are merged

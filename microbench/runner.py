@@ -24,6 +24,7 @@ from microbench.env import ClockSampler
 from microbench.gate import check_variant
 from microbench.outcome import agreed_outcome, agreed_reason, attempt, culprit, error_text, failure
 from microbench.pace import DEADLINE_NOTE, Pace
+from microbench.passes import later_variants, merge_pass
 from microbench.planning import Plan, RunOptions, runs_per_point, variant_skip
 from microbench.profile import attached_note as cupti_note
 from microbench.profile import profile_call
@@ -127,9 +128,11 @@ class Runner:
 
     # ------------------------------------------------------------------ one point
 
-    def run_point(self, case: Case, point: Point, budget_s: float | None = None) -> list[dict[str, Any]]:
-        """Gate and time every variant of ``case`` at ``point``; ``budget_s``: the timing
-        budget per variant when a deadline cut it below the run's (recorded and noted)."""
+    def run_point(self, case: Case, point: Point, budget_s: float | None = None,
+                  only: set[str] | None = None) -> list[dict[str, Any]]:
+        """Gate and time every variant of ``case`` at ``point`` (of ``only``, when given);
+        ``budget_s``: the timing budget per variant when a deadline cut it below the run's
+        (recorded and noted)."""
         o = self.opts
         dev = o.device
         seed = case.input_seed(o.seed, point)
@@ -142,7 +145,8 @@ class Runner:
         ready: list[tuple[Variant, list[Callable[[], Any]]]] = []
         notes: dict[str, str | None] = {}
         profiled: dict[str, Callable[[], Any]] = {}  # the calls to profile once the point is timed
-        variants = [v for v in case.variants() if not o.variants or v.name in o.variants]
+        variants = [v for v in case.variants() if (not o.variants or v.name in o.variants)
+                    and (only is None or v.name in only)]
         for v in variants:
             why = agreed_reason(world, f"{case.id} {v.name} skip", variant_skip(case, v, point, dev))
             extra = {"tags": dict(v.tags)} if v.tags else {}
@@ -299,11 +303,13 @@ class Runner:
 
     # ------------------------------------------------------------------ the whole plan
 
-    def run(self, p: Plan) -> list[dict[str, Any]]:
+    def run(self, p: Plan, after_runs: int = 0) -> list[dict[str, Any]]:
         """Run every point; with ``repeat`` R > 1, R passes over the whole plan, each point's
-        samples pooled across passes (so they span the run's duration, not one moment). The
+        samples pooled across passes (so they span the run's duration, not one moment; a
+        later pass runs the variants OK in the first, :mod:`microbench.passes`). The
         single-rank points' passes come first, then the multi-rank points' (the plan's own
-        order where its points are all of one kind)."""
+        order where its points are all of one kind). ``after_runs``: variant runs another
+        process makes after this plan (its ranks), which --deadline-s leaves their share."""
         for case, point, reason in p.skipped:
             self._keep(self._skipped(case, point, reason))
         total, passes = len(p.items), max(1, self.opts.repeat)
@@ -313,9 +319,14 @@ class Runner:
         kept: dict[int, list[dict[str, Any]]] = {}
         t0 = time.perf_counter()
         runs = runs_per_point(p, self.opts)
-        pace = Pace(self.opts, [runs[i] for _, i in order])
+        pace = Pace(self.opts, [runs[i] for _, i in order], after=after_runs)
+        at = {ki: j for j, ki in enumerate(order)}
         for k, i in order:
             case, point = p.items[i]
+            only = later_variants(kept[i]) if k else None
+            if k and not only:  # nothing of this point to pool into: its later passes are not run
+                pace.done([])
+                continue
             if case.distributed and self.start_world is not None:
                 self._start_world()
             tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
@@ -327,21 +338,24 @@ class Runner:
             if case.distributed and self.no_world:
                 recs = self._skipped(case, point, self.no_world)
             elif case.distributed:  # on every rank in lock step: a rank may not leave it alone
-                recs = self.run_point(case, point, budget)
+                recs = self.run_point(case, point, budget, only)
             else:
                 try:
-                    recs = self.run_point(case, point, budget)
+                    recs = self.run_point(case, point, budget, only)
                 except Exception as e:  # noqa: BLE001 - outside any variant's guard: the run goes on
                     reason = f"the point failed outside its variants: {error_text(e)}"
                     free_cached_memory(self.opts.device, error=e)
                     recs = [_record(case, point, v.name, self.opts.device, "FAILED", reason=reason)
-                            for v in case.variants() if not self.opts.variants or v.name in self.opts.variants]
+                            for v in case.variants() if (not self.opts.variants or v.name in self.opts.variants)
+                            and (only is None or v.name in only)]
             pace.done(recs)
             if k == 0:
                 kept[i] = recs
                 self._keep(recs)
+                for later in range(1, passes):  # what the later passes will run here
+                    pace.runs[at[(later, i)]] = len(later_variants(recs))
             else:
-                _merge_pass(kept[i], recs, k)
+                merge_pass(kept[i], recs, k)
                 for r in kept[i]:
                     if r["status"] == "OK":
                         self._floor(r)
@@ -403,36 +417,6 @@ class Runner:
             self.writer.add(recs)
             self.writer.doc["run"]["ceilings"] = self.ceilings
             self.writer.flush()
-
-
-def _merge_pass(old: list[dict[str, Any]], new: list[dict[str, Any]], k: int) -> None:
-    """Pool pass ``k``'s records into the first pass's (same variants, same order)."""
-    for o, n in zip(old, new):
-        if o["status"] != "OK":
-            continue
-        if n["status"] != "OK":
-            # its rates go with it: a FAILED row shows no figure of a pass that ran before
-            o.update(status="FAILED", reason=f"pass {k + 1}: {n['reason']}", gbps=None, tflops=None,
-                     pct_of_floor=None, floor_s=None, floor_source=None)
-            continue
-        t, nt = o["timing"], n["timing"]
-        t.setdefault("passes", [len(t["samples_s"])]).append(len(nt["samples_s"]))
-        t["samples_s"] = t["samples_s"] + nt["samples_s"]
-        t["summary"] = stats.summarize(t["samples_s"], t.get("resolution_s") or 0.0).to_dict()
-        t["elapsed_s"] += nt["elapsed_s"]
-        t["warmup_s"] = t.get("warmup_s", 0.0) + nt.get("warmup_s", 0.0)
-        # interleaved, a pass in which a variant failed rotated its order over fewer (1: not interleaved)
-        t.setdefault("rotations", [t.get("rotation", 1)]).append(nt.get("rotation", 1))
-        o["prep_s"] = (o.get("prep_s") or 0.0) + (n.get("prep_s") or 0.0)
-        t.setdefault("stop_reasons", [t["stop_reason"]]).append(nt["stop_reason"])
-        t["stop_reason"] = nt["stop_reason"] if nt["stop_reason"] != "noise" else t["stop_reason"]
-        if o.get("probe") and n.get("probe"):
-            pooled = o["probe"]["samples_s"] + n["probe"]["samples_s"]
-            o["probe"] = {**o["probe"], "samples_s": pooled, "median_s": stats.summarize(pooled).median}
-        if n.get("clocks"):
-            o.setdefault("clocks_passes", []).append(n["clocks"])
-        if n.get("ranks"):
-            o.setdefault("ranks_passes", []).append(n["ranks"])
 
 
 def time_split_text(recs: Sequence[dict[str, Any]], wall_s: float) -> str:

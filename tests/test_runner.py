@@ -444,7 +444,7 @@ def test_a_variant_whose_timed_copies_cannot_be_made_is_failed_and_the_run_goes_
 
 
 def test_pooled_passes_keep_the_timers_resolution_where_their_samples_show_no_tick():
-    from microbench.runner import _merge_pass
+    from microbench.passes import merge_pass
 
     def rec(n):  # every sample the same tick count: the samples show no tick of their own
         return {"status": "OK", "variant": "v", "prep_s": 0.0,
@@ -452,7 +452,7 @@ def test_pooled_passes_keep_the_timers_resolution_where_their_samples_show_no_ti
                            "stop_reason": "budget"}}
 
     old = [rec(20)]
-    _merge_pass(old, [rec(30)], 1)
+    merge_pass(old, [rec(30)], 1)
     s = old[0]["timing"]["summary"]
     assert s["count"] == 50 and s["tick"] == 0.5e-6
     assert s["rel_noise"] == pytest.approx(0.25e-6 / 4e-6)  # half the tick over the median, not 0
