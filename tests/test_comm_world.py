@@ -64,9 +64,9 @@ def planned_runs(*args):
     events.append(["count", distributed.world_size(), dist.is_initialized()])
     return real_planned_runs(*args)
 
-def pace(*args):
+def pace(*args, **kwargs):
     events.append(["pace", distributed.world_size(), dist.is_initialized()])
-    return real_pace(*args)
+    return real_pace(*args, **kwargs)
 
 def init_world(*args, **kwargs):
     (path,) = glob.glob(out + "/*.json")
