@@ -191,6 +191,8 @@ def test_route_and_router_ref_break_ties_to_the_lower_index(with_bias, want_ids)
         torch.testing.assert_close(w.cpu().double(), lw, rtol=1e-6, atol=1e-6)
 
 
+# the interpreter's numpy max of a row whose open lanes hold a NaN warns about it
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 def test_fewer_finite_scores_than_top_k_never_choose_an_expert_twice():
     """A -inf bias masking all but two experts, top-4: the two, then the masked ones in id
     order, as the reference's stable sort gives; a NaN score never repeats an id either."""
