@@ -126,8 +126,9 @@ class MLAVerifyCase(Case):
                             seed=seed)
         nbytes, flops = mla_cost(x.plan, heads, torch.finfo(dt).bits // 8)
         out = torch.empty(b * n, heads, 512, dtype=dt, device=device)
+        # the heads per rank, for the step model: a time at 8 heads is not another layout's
         return Workload({"q": x.q, "kv_new": x.kv_new, "kv_cache": x.kv_cache, "plan": x.plan}, {"out": out},
-                        Cost(nbytes, flops))
+                        Cost(nbytes, flops), facts={"heads": heads})
 
     def reference(self, w: Workload) -> Mapping[str, Any]:
         from microbench.kernels.reference import mla_attention_ref

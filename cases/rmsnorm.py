@@ -76,7 +76,9 @@ class RMSNormCase(Case):
         from microbench.kernels.reference import rmsnorm_cost
 
         nbytes, flops = rmsnorm_cost(t, width, torch.finfo(dt).bits // 8, fused)
-        return Workload(inputs, {"out": torch.empty(t, width, dtype=dt, device=device)}, Cost(nbytes, flops))
+        # the width, for the step model: a time at Kimi-K2.5's widths is not another model's
+        return Workload(inputs, {"out": torch.empty(t, width, dtype=dt, device=device)}, Cost(nbytes, flops),
+                        facts={"width": width})
 
     def reference(self, w: Workload) -> Mapping[str, Any]:
         from microbench.kernels.reference import rmsnorm_ref

@@ -229,7 +229,7 @@ class _Estimator:
     def attention(self, phase: str) -> Cell:
         s, r = self.s, self.r
         q_len, kernel = s.q_len(phase), ("decode" if phase == "decode" else s.attention)
-        hit = self.m.attention(s.batch, q_len, s.context, kernel)
+        hit = self.m.attention(s.batch, q_len, s.context, kernel, r.heads_per_rank)
         if hit:
             return hit
         t, heads = s.tokens(phase), r.heads_per_rank
@@ -243,7 +243,7 @@ class _Estimator:
     def small_ops(self, t: int) -> Cell:
         r = self.r
         h = r.hidden
-        norms = self.m.norms(t)
+        norms = self.m.norms(t, {"input": h, "q_a": r.q_lora_rank, "kv_a": r.kv_lora_rank})
         rest_bytes = (t * (r.heads_per_rank + 1) * r.qk_rope_head_dim * 2  # rope on q and k
                       + t * r.kv_cache_dim * 2 + 3 * t * h) * ACTIVATION_BYTES  # cache write, routed+shared add
         rest = self.roof(rest_bytes, 0.0, 3, "rope, cache write, add")

@@ -2,9 +2,12 @@
 
 Only GPU records that passed their gate are used (a CPU result times the interpreter, not a
 kernel), at the exact point the budget needs (batch, draft tokens and context for
-attention; the token count for the MoE and norms); the allreduce is interpolated in log
-bytes between the sizes measured at the same world size and capture mode, never
-extrapolated. Each hit carries its source: the case, variant, point and file.
+attention, at the model's heads per rank; the token count for the MoE, by layout, and
+for the norms, at the model's widths); the allreduce is interpolated in log bytes between
+the sizes measured at the same world size and capture mode, never extrapolated. A
+component's time is its kernels' GPU time: records timed ``cold`` or ``graph``, never
+``hot`` (back-to-back calls, whose host launch cost the model adds on its own). Each hit
+carries its source: the case, variant, point, timing mode and file.
 """
 
 from __future__ import annotations
@@ -49,18 +52,27 @@ class Measured:
                 self.gpus.append(gpu)
             self.notes.append(f"{name}: {len(ok)} OK records from {gpu}")
 
-    def _find(self, case: str, variant: str | None, **axes: Any) -> _Hit | None:
+    def _find(self, case: str, variant: str | None, facts: dict[str, Any] | None = None,
+              modes: tuple[str, ...] | None = ("cold", "graph"), **axes: Any) -> _Hit | None:
+        """The first record of ``case`` (``variant``) at ``axes``, with ``facts`` (the shapes
+        the axes do not say), timed in one of ``modes`` (None: any)."""
         for r, where in self.records:
             if r["case"] != case or (variant is not None and r["variant"] != variant):
                 continue
-            if all(r["axes"].get(k) == v for k, v in axes.items()):
+            mode = r["timing"].get("mode")
+            if modes is not None and mode not in modes:
+                continue
+            if all(r["axes"].get(k) == v for k, v in axes.items()) and all(
+                    (r.get("facts") or {}).get(k) == v for k, v in (facts or {}).items()):
                 point = " ".join(f"{k}={v}" for k, v in axes.items())
-                return _Hit(_median(r), f"measured: {case} {r['variant']} {point} ({where})")
+                return _Hit(_median(r), f"measured: {case} {r['variant']} {point}, {mode} ({where})")
         return None
 
-    def attention(self, batch: int, q_len: int, context: int, kernel: str) -> _Hit | None:
-        return self._find("attention.mla_verify", kernel, batch=batch, draft_tokens=q_len, context=context,
-                          dtype="bf16")
+    def attention(self, batch: int, q_len: int, context: int, kernel: str, heads: int) -> _Hit | None:
+        """At ``heads`` per rank: the case measures Kimi-K2.5 TP8's 8, which another layout
+        or model does not take."""
+        return self._find("attention.mla_verify", kernel, {"heads": heads}, batch=batch, draft_tokens=q_len,
+                          context=context, dtype="bf16")
 
     def experts(self, layout: str, tokens: int, weights: str, kernel: str) -> _Hit | None:
         return self._find("moe.experts", kernel, layout=layout, tokens=tokens, weights=weights, routing="router",
@@ -69,15 +81,17 @@ class Measured:
     def router(self, layout: str, tokens: int) -> _Hit | None:
         return self._find("moe.router", None, layout=layout, tokens=tokens, dtype="bf16")
 
-    def norms(self, tokens: int) -> _Hit | None:
-        """The layer's four RMSNorms (input and post-attention with the residual add, q_a,
-        kv_a) at ``tokens``, Triton variant; None unless all three widths were measured."""
-        hits = [self._find("norm.rmsnorm", "triton", tokens=tokens, norm=n, dtype="bf16") for n in ("input", "q_a",
-                                                                                                   "kv_a")]
-        if any(h is None for h in hits):
+    def norms(self, tokens: int, widths: dict[str, int | None]) -> _Hit | None:
+        """The layer's RMSNorms (input and post-attention with the residual add, q_a, kv_a)
+        at ``tokens``, Triton variant, at the model's ``widths`` (q_a None: a model whose
+        query is not compressed has no q_a norm); None unless every one was measured."""
+        names = [n for n in ("input", "q_a", "kv_a") if widths.get(n)]
+        hits = {n: self._find("norm.rmsnorm", "triton", {"width": widths[n]}, tokens=tokens, norm=n, dtype="bf16")
+                for n in names}
+        if any(h is None for h in hits.values()):
             return None
-        total = 2 * hits[0].seconds + hits[1].seconds + hits[2].seconds
-        return _Hit(total, f"measured: norm.rmsnorm triton tokens={tokens} (2 x input, q_a, kv_a)")
+        total = hits["input"].seconds + sum(h.seconds for h in hits.values())
+        return _Hit(total, f"measured: norm.rmsnorm triton tokens={tokens} (2 x input, {', '.join(names[1:])})")
 
     def allreduce(self, nbytes: int, capture: str, world: int, variant: str = "torch-ip") -> _Hit | None:
         """One allreduce of ``nbytes`` at ``world`` ranks, interpolated in log-log between
@@ -116,8 +130,8 @@ class Measured:
 
     def launch_cost(self) -> _Hit | None:
         """The eager launch floor: calibration.launch's torch one-element op, back to back."""
-        return self._find("calibration.launch", "torch_tiny_op", capture="eager")
+        return self._find("calibration.launch", "torch_tiny_op", modes=None, capture="eager")
 
     def kernel_floor(self) -> _Hit | None:
         """The GPU's own per-kernel floor: the same op replayed from a CUDA graph."""
-        return self._find("calibration.launch", "torch_tiny_op", capture="graph")
+        return self._find("calibration.launch", "torch_tiny_op", modes=None, capture="graph")

@@ -252,9 +252,12 @@ def _gpu_doc(records, device="cuda"):
             "fingerprint": {"device": {"name": "NVIDIA H200"}}, "records": records}
 
 
-def _rec(case, variant, axes, median, facts=None):
+def _rec(case, variant, axes, median, facts=None, mode="cold"):
+    if case == "attention.mla_verify" and facts is None:
+        facts = {"heads": 8}  # what the case measures: Kimi-K2.5 TP8's heads per rank
     return {"case": case, "variant": variant, "axes": axes, "status": "OK", "facts": facts,
-            "timing": {"samples_s": [median], "summary": {"median": median, "rel_noise": 0.01, "count": 10}, "stop_reason": "noise"}}
+            "timing": {"samples_s": [median], "summary": {"median": median, "rel_noise": 0.01, "count": 10},
+                       "stop_reason": "noise", "mode": mode}}
 
 
 def test_result_records_replace_estimates_and_say_so(round_hw):
@@ -406,3 +409,31 @@ def test_the_cli_draws_a_budget_and_a_result_file(capsys, tmp_path):
     assert main(["report", str(path), "--plot", str(tmp_path / "plots")]) == 0
     assert _png(tmp_path / "plots" / "attention_mla_verify.png")
     assert "plot:" in capsys.readouterr().err
+
+
+def test_a_measured_component_is_used_only_at_its_own_shapes_and_as_gpu_time(round_hw):
+    """attention.mla_verify measures 8 heads per rank and norm.rmsnorm Kimi-K2.5's widths:
+    another TP or model takes its roofline; a record timed back to back (hot: host launch
+    cost inside) is not a kernel's GPU time, and is not used either."""
+    att = {"batch": 1, "draft_tokens": 4, "context": 4096, "page": 1, "dtype": "bf16"}
+    norms = [_rec("norm.rmsnorm", "triton", {"tokens": 1, "norm": n, "dtype": "bf16"}, 3e-6, {"width": w})
+             for n, w in (("input", 7168), ("q_a", 1536), ("kv_a", 512))]
+    doc = _gpu_doc([_rec("attention.mla_verify", "extend", att, 50e-6), *norms])
+    tp8 = Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(8), hw=round_hw, batch=1, draft_tokens=3,
+                   context=4096, attention="extend")
+    tp4 = Scenario(model=load_model("kimi-k2.5"), layout=ParallelLayout(4), hw=round_hw, batch=1, draft_tokens=3,
+                   context=4096, attention="extend")
+    at8 = _line(budget(tp8, Measured([doc])).moe_layer, "attention core").cells[("verify", "graph")]
+    at4 = _line(budget(tp4, Measured([doc])).moe_layer, "attention core").cells[("verify", "graph")]
+    assert at8.seconds == 50e-6 and ", cold (" in at8.source
+    assert at4.source.startswith("roofline") and at4.seconds != 50e-6
+    small = _line(budget(tp8, Measured([doc])).moe_layer, "norms").cells[("decode", "graph")]
+    assert small.source.startswith("measured: norm.rmsnorm triton tokens=1 (2 x input, q_a, kv_a)")
+    # the same norms measured at other widths: not this model's
+    other = _gpu_doc([_rec("norm.rmsnorm", "triton", r["axes"], 3e-6, {"width": r["facts"]["width"] * 2})
+                      for r in norms])
+    assert _line(budget(tp8, Measured([other])).moe_layer, "norms").cells[("decode", "graph")].source.startswith(
+        "roofline")
+    hot = _gpu_doc([_rec("attention.mla_verify", "extend", att, 30e-6, mode="hot")])
+    cell = _line(budget(tp8, Measured([hot])).moe_layer, "attention core").cells[("verify", "graph")]
+    assert cell.source.startswith("roofline")
