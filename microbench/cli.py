@@ -7,6 +7,7 @@ file, a config missing keys) prints one line and exits 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import math
 import os
 import re
@@ -261,7 +262,7 @@ def open_writer(out: str, meta: dict[str, Any], fingerprint: dict[str, Any]):
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from microbench import distributed
+    from microbench import cli_out, distributed
 
     if distributed.launched():  # one rank of a torchrun launch (ours or the user's)
         from microbench.ranks import run_ranks
@@ -341,7 +342,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
             rc = run_on_ranks(a, suite, kind, multi, nproc, opts, writer)
     except KeyboardInterrupt:
-        return close_interrupted(writer, a.format)
+        return cli_out.close_interrupted(writer, a.format)
     except BaseException as e:  # a crash outside any case: the points finished so far stay on disk
         writer.close(complete=False, error=f"{type(e).__name__}: {e}")
         raise
@@ -349,12 +350,12 @@ def cmd_run(a: argparse.Namespace) -> int:
         if rc:
             path = writer.close(complete=False, error=f"the {nproc}-rank run exited with status {rc}")
             print(report.render(writer.doc, a.format), end="")
-            results_line(path, "results (incomplete)")
+            cli_out.results_line(path, "results (incomplete)")
             return 1
         path = writer.close(complete=True)
         print(report.render(writer.doc, a.format), end="")
-        print_targets("run", writer.doc, a.format, path or "RESULT")
-        results_line(path)
+        cli_out.print_targets("run", writer.doc, a.format, path or "RESULT")
+        cli_out.results_line(path)
         return 0 if path else 1
     finally:  # the file closed first, whatever happened: leaving the world cannot cost it
         _leave(world)
@@ -370,39 +371,6 @@ def _leave(world: Any) -> None:
     except Exception as e:  # noqa: BLE001
         print(f"microbench run: warning: closing the process group failed ({type(e).__name__}: {e}); "
               f"the result file was closed before it, as it stands", file=sys.stderr)
-
-
-def close_interrupted(writer: Any, fmt: str) -> int:
-    """Ctrl-C or SIGTERM during a run: its file closed as incomplete, the table of what it
-    finished, where that is; the exit status."""
-    from microbench import report
-
-    path = writer.close(complete=False, interrupted=True)
-    print(report.render(writer.doc, fmt), end="")
-    print(f"interrupted: {len(writer.records)} records " + (f"kept in {path} (marked incomplete)" if path else
-                                                            "(not written: see above)"), file=sys.stderr)
-    return EXIT_INTERRUPTED
-
-
-def results_line(path: str | None, what: str = "results") -> None:
-    """Where the run's file is, on stderr; nothing when none could be written (the writer
-    said why)."""
-    if path:
-        print(f"{what}: {path}", file=sys.stderr)
-
-
-def print_targets(command: str, doc: dict[str, Any], fmt: str, path: str, also: str | None = None) -> None:
-    """After a GPU run that reached a case's speed-target points, their table (with
-    ``also``, a tried variant, read against every bar too); never fails the command."""
-    from microbench.targets import for_run
-
-    try:
-        goals = for_run(doc, fmt, also=also)
-    except Exception as e:  # noqa: BLE001 - the run and its file are done; this table is extra
-        goals = ""
-        print(f"microbench {command}: the speed-target table failed ({type(e).__name__}: {e}); "
-              f"`microbench targets {path}` reads them", file=sys.stderr)
-    print("\n" + goals if goals else "", end="")
 
 
 def _cuda_count() -> int:
@@ -480,6 +448,8 @@ def _terminated(signum: int, frame: Any) -> None:  # noqa: ARG001 - a signal han
 def main(argv: Sequence[str] | None = None) -> int:
     global _started
     _started = time.monotonic()
+    if not faulthandler.is_enabled():  # a kernel that crashes the process still names the Python frame it was in
+        faulthandler.enable()
     args = build_parser().parse_args(argv)
     # SIGTERM (timeout, a job scheduler, torchrun stopping its ranks) ends a command as
     # Ctrl-C does: a run keeps its finished points in a file marked incomplete and prints them

@@ -73,7 +73,7 @@ def _vs_best(case: Any, name: str, records: list[dict[str, Any]], min_effect: fl
 
 
 def cmd_try(a: argparse.Namespace) -> int:
-    from microbench import cli, env, report
+    from microbench import cli, cli_out, env, report
     from microbench.cli_paths import check_output_dir
     from microbench.cases import get_case
     from microbench.case import expand
@@ -132,15 +132,15 @@ def cmd_try(a: argparse.Namespace) -> int:
     try:
         records = Runner(opts, writer).run(p)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the points finished so far, as `run` keeps them
-        return cli.close_interrupted(writer, a.format)
+        return cli_out.close_interrupted(writer, a.format)
     except BaseException as e:  # a crash outside any point: what was finished stays on disk
         writer.close(complete=False, error=f"{type(e).__name__}: {e}")
         raise
     _vs_best(case, variant.name, records, a.min_effect)
     path = writer.close(complete=True)
     print(report.render(writer.doc, a.format), end="")
-    cli.print_targets("try", writer.doc, a.format, path or "RESULT", also=variant.name)
-    cli.results_line(path)
+    cli_out.print_targets("try", writer.doc, a.format, path or "RESULT", also=variant.name)
+    cli_out.results_line(path)
     mine = [r for r in records if r["variant"] == variant.name]
     return 0 if path and mine and all(r["status"] in ("OK", "SKIPPED") for r in mine) else 1
 

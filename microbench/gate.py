@@ -183,25 +183,45 @@ def check_variant(
     """Poison ``outputs``, call ``fn(**inputs, **outputs)`` once, compare with ``expected``.
 
     ``expected`` names outputs, or inputs the variant must update in place.
-    If ``fn`` returns tensors they are taken as its outputs (in the order of ``outputs``).
+    If ``fn`` returns tensors they are taken as its outputs (in the order of ``outputs``);
+    anything else it returns (a Triton launch's handle) is not an output.
     Exceptions from ``fn`` propagate to the caller, which records them.
+
+    Two more ways to be wrong are caught: each output is handed to the call inside a
+    poisoned guard band (:data:`GUARD_BYTES` before and after it), so a write past either
+    end fails; and an input the case does not expect to change (none of ``expected``,
+    up to :data:`CHECKED_INPUT_BYTES` of them) must come back bit for bit as it went in.
     """
     if not expected:
         return GateResult(passed=True, seed=seed, checked=False, reason="the case writes no output to check")
-    for t in outputs.values():
+    guarded = {k: _guarded(t, inputs) for k, t in outputs.items()}
+    handed = {k: g[1] if g else t for (k, t), g in zip(outputs.items(), guarded.values())}
+    for t in handed.values():
         poison_(t)
-    ret = fn(**inputs, **outputs)
+    kept = _kept_inputs(inputs, expected, handed)
+    ret = fn(**inputs, **handed)
     # An expected name may be an input the variant updates in place (e.g. the residual
     # of a fused add + RMSNorm); the reference was computed before the call.
     got = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    got.update(outputs)
+    got.update(handed)
     if ret is not None:
         rets = ret if isinstance(ret, (tuple, list)) else (ret,)
         names = list(outputs) or list(expected)
-        got.update({n: r for n, r in zip(names, rets) if r is not None})
+        got.update({n: r for n, r in zip(names, rets) if isinstance(r, torch.Tensor)})
     if _is_cuda(got):
         torch.cuda.synchronize()
     reports, seen = [], []
+    for name, g in guarded.items():
+        if g is not None and (outside := _outside(*g)):
+            t = outputs[name]
+            reports.append(MismatchReport(name, list(t.shape), str(t.dtype).removeprefix("torch."), t.numel(), atol,
+                                          rtol, error=f"written outside it: {outside}"))
+    for name, before in kept.items():
+        after = inputs[name]
+        if not torch.equal(_bytes(before), _bytes(after)):
+            reports.append(MismatchReport(name, list(after.shape), str(after.dtype).removeprefix("torch."),
+                                          after.numel(), atol, rtol,
+                                          error="an input the case does not expect to change was changed"))
     for name, want in expected.items():
         if name not in got:
             reports.append(MismatchReport(name, list(want.shape), "-", want.numel(), atol, rtol, error="not produced"))
@@ -213,6 +233,66 @@ def check_variant(
         seen.append((got[name], want))
         reports.append(compare(got[name], want, atol=atol, rtol=rtol, name=name, norm_tol=norm_tol))
     return GateResult(passed=all(r.passed for r in reports), seed=seed, reports=reports)
+
+
+#: Bytes of poisoned guard band before and after each output the gate hands a variant: a
+#: multiple of 16, so the output's address keeps the alignment Triton specialises on.
+GUARD_BYTES = 512
+#: The most input bytes the gate copies to check them unchanged (a model's expert weights
+#: or a long latent cache are left unchecked beyond it: their copies would double memory).
+CHECKED_INPUT_BYTES = 256 << 20
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _guarded(t: Any, inputs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """(buffer, a view shaped like ``t`` inside it, guard elements each side) for a
+    contiguous output that shares no memory with an input (an in-place output stays as
+    it is); None otherwise."""
+    if not isinstance(t, torch.Tensor) or not t.is_contiguous() or not t.numel():
+        return None
+    if any(isinstance(v, torch.Tensor) and _overlaps(t, v) for v in inputs.values()):
+        return None
+    pad = max(1, GUARD_BYTES // t.element_size())
+    buf = torch.empty(t.numel() + 2 * pad, dtype=t.dtype, device=t.device)
+    poison_(buf)
+    return buf, buf[pad: pad + t.numel()].view(t.shape), pad
+
+
+def _outside(buf: torch.Tensor, view: torch.Tensor, pad: int) -> str:
+    """How the guard bands of ``buf`` differ from their poison ('' when they do not)."""
+    ref = poison_(torch.empty(pad, dtype=buf.dtype, device=buf.device))
+    counts = []
+    for side, band in (("before", buf[:pad]), ("after", buf[-pad:])):
+        differ = (_bytes(band) != _bytes(ref)).view(pad, -1).any(dim=1)
+        n = int(differ.sum())
+        if n:
+            counts.append(f"{n} element(s) {side} it")
+    return ", ".join(counts)
+
+
+def _kept_inputs(inputs: Mapping[str, Any], expected: Mapping[str, Any],
+                 handed: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Copies of the tensor inputs a call must leave unchanged: not expected to change,
+    not sharing memory with an output, within :data:`CHECKED_INPUT_BYTES` in all."""
+    kept, budget = {}, CHECKED_INPUT_BYTES
+    for k, v in inputs.items():
+        if not isinstance(v, torch.Tensor) or k in expected or not v.numel():
+            continue
+        size = v.numel() * v.element_size()
+        if size > budget or any(isinstance(o, torch.Tensor) and _overlaps(v, o) for o in handed.values()):
+            continue
+        kept[k], budget = v.clone(), budget - size
+    return kept
 
 
 def _is_cuda(tensors: Mapping[str, Any]) -> bool:

@@ -69,8 +69,11 @@ def culprit(frames: Any, fns: Sequence[Callable[..., Any]]) -> int | None:
     variants' (closures of one function)."""
     if not isinstance(frames, _Frames):
         return None
-    codes = [getattr(inspect.unwrap(f), "__code__", None) for f in fns]
-    hits = {i for i, c in enumerate(codes) if c is not None and c in frames.codes and codes.count(c) == 1}
+    # a variant's own code, and the code it wraps (a user's function inside the wrapper that
+    # reports its errors: the wrapper's frame is the one an error raised there passes)
+    codes = [{getattr(g, "__code__", None) for g in (f, inspect.unwrap(f))} - {None} for f in fns]
+    every = [c for cs in codes for c in cs]
+    hits = {i for i, cs in enumerate(codes) if any(c in frames.codes and every.count(c) == 1 for c in cs)}
     return hits.pop() if len(hits) == 1 else None
 
 

@@ -137,7 +137,7 @@ def run_ranks(a: argparse.Namespace) -> int:
     write the result file with every rank's fingerprint."""
     import torch
 
-    from microbench import cli, distributed, env, report
+    from microbench import cli, cli_out, distributed, env, report
     from microbench.runner import Runner
 
     want_cuda = a.device.startswith("cuda") or (a.device == "auto" and torch.cuda.is_available())
@@ -187,6 +187,6 @@ def run_ranks(a: argparse.Namespace) -> int:
         if not a.no_table:
             print(report.render(writer.doc, a.format), end="")
         if not os.environ.get(RANKS_OF_A_RUN):  # else the run that started torchrun merges it and says where
-            cli.results_line(path)
+            cli_out.results_line(path)
     world.close()
     return 0

@@ -31,11 +31,20 @@ def where(e: BaseException, path: str) -> str:
     SyntaxError's position), else ''."""
     if isinstance(e, SyntaxError) and e.filename and os.path.abspath(e.filename) == os.path.abspath(path):
         return f"{path}:{e.lineno}: {(e.text or '').strip()}"
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f"{path}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+    # the error raised from (or during) another: Triton's interpreter raises its own error
+    # from the one in the kernel's body, whose frames alone reach the kernel's line
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for err in reversed(chain):  # the deepest cause first
+        frames = [f for f in traceback.extract_tb(err.__traceback__)
+                  if os.path.abspath(f.filename) == os.path.abspath(path)]
+        if frames:
+            f = frames[-1]
+            return f"{path}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+    return ""
 
 
 def error_summary(e: BaseException, max_lines: int = 1) -> str:
@@ -81,6 +90,15 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
         raise UserCodeError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # Triton's @jit reads the module's source through it
+    folder = os.path.dirname(os.path.abspath(path))
+    # the modules beside it import as they would with the file run from its folder, and are
+    # read again with it (an edited helper is not a stale one)
+    for key, mod in list(sys.modules.items()):
+        origin = getattr(mod, "__file__", None) or ""
+        if (origin and os.path.dirname(os.path.abspath(origin)) == folder and key != "__main__"
+                and not key.startswith("microbench")):
+            del sys.modules[key]
+    sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except BaseException as e:  # noqa: BLE001 - SyntaxError, ImportError, anything at import
@@ -88,11 +106,16 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
         if isinstance(e, KeyboardInterrupt):
             raise
         raise UserCodeError(f"{path}: cannot be loaded: {describe(e, path)}") from None
+    finally:
+        sys.path.remove(folder)
     fn = getattr(module, name, None)
     if not callable(fn):
         have = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_")
                       and getattr(v, "__module__", None) == mod_name)
         raise UserCodeError(f"{path}: no function {name!r} (functions there: {', '.join(have) or 'none'})")
+    if type(fn).__name__ in ("JITFunction", "InterpretedFunction", "Autotuner", "Heuristics"):
+        raise UserCodeError(f"{path}: {name} is a @triton.jit kernel: name the Python function that launches it "
+                            "(it takes the case's arguments and calls the kernel with its grid)")
     return fn
 
 

@@ -217,3 +217,46 @@ def test_one_tensor_under_two_names_with_one_expectation_is_counted_once():
     g = check_variant(lambda x: x, {"x": torch.arange(8.0)}, {}, {"out": want, "x": torch.arange(8.0)}, atol=0,
                       rtol=0, seed=0)
     assert [r.name for r in g.reports] == ["out", "x"] and not g.passed
+
+
+def test_a_write_past_either_end_of_an_output_fails():
+    src = torch.randn(17)
+    exp = {"dst": src.clone()}
+
+    def one_past(src, dst):
+        dst.copy_(src)
+        flat = dst.as_strided((18,), (1,))  # the element after the last
+        flat[17] = 0.0
+
+    def one_before(src, dst):
+        dst.copy_(src)
+        dst.as_strided((1,), (1,), dst.storage_offset() - 1).fill_(1.0)
+
+    for fn, side in ((one_past, "1 element(s) after it"), (one_before, "1 element(s) before it")):
+        bad = check_variant(fn, {"src": src}, {"dst": torch.empty(17)}, exp, atol=0, rtol=0, seed=1)
+        assert not bad.passed and f"written outside it: {side}" in bad.summary(), bad.summary()
+    assert check_variant(_copy_ok, {"src": src}, {"dst": torch.empty(17)}, exp, atol=0, rtol=0, seed=1).passed
+
+
+def test_an_input_changed_that_the_case_does_not_expect_to_change_fails():
+    src = torch.randn(17)
+    exp = {"dst": src.clone()}
+
+    def clobbers(src, dst):
+        dst.copy_(src)
+        src.zero_()
+
+    bad = check_variant(clobbers, {"src": src}, {"dst": torch.empty(17)}, exp, atol=0, rtol=0, seed=1)
+    assert not bad.passed and "src" in bad.summary() and "does not expect to change was changed" in bad.summary()
+
+
+def test_a_returned_handle_that_is_not_a_tensor_is_not_an_output():
+    # on a GPU `return kernel[grid](...)` returns the launch's CompiledKernel
+    src = torch.randn(17)
+
+    def returns_handle(src, dst):
+        dst.copy_(src)
+        return object()
+
+    assert check_variant(returns_handle, {"src": src}, {"dst": torch.empty(17)}, {"dst": src.clone()},
+                         atol=0, rtol=0, seed=1).passed

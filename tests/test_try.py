@@ -154,15 +154,21 @@ def test_watch_prints_one_line_per_save(scaffold, monkeypatch, capsys):
     assert " INCORRECT " in lines[1] and "elements off" in lines[1]
 
 
+def _failing_after(scaffold, tmp_path, name, calls, error):
+    """A copy of the scaffold with ``name``: the scaffold's function for ``calls`` calls
+    (the small-shape checks pass), then ``raise error``."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(scaffold.read_text() + (
+        f"\n_calls = [0]\n\n\ndef {name}(x, weight, eps, out, residual=None):\n"
+        f"    _calls[0] += 1\n    if _calls[0] > {calls}:\n        raise {error}\n"
+        "    return my_rmsnorm(x, weight, eps, out, residual)\n"))
+    return path
+
+
 def test_ctrl_c_while_timing_keeps_what_finished_and_exits_130(scaffold, tmp_path, capsys):
     """Ctrl-C (here raised from the variant itself once the checks passed) ends `try` as
     it ends `run`: the table of what finished, the file marked interrupted, exit 130."""
-    src = scaffold.read_text() + (
-        "\n_calls = [0]\n\n\ndef stopping(x, weight, eps, out, residual=None):\n"
-        "    _calls[0] += 1\n    if _calls[0] > 60:\n        raise KeyboardInterrupt\n"
-        "    return my_rmsnorm(x, weight, eps, out, residual)\n")
-    path = tmp_path / "stopping.py"
-    path.write_text(src)
+    path = _failing_after(scaffold, tmp_path, "stopping", 60, "KeyboardInterrupt")
     out = tmp_path / "res"
     argv = ["try", f"{path}::stopping", *QUICK[:-5], "--axis", "tokens=1,5", "--axis", "norm=kv_a,input", "--no-probe"]
     assert main([*argv, "--out", str(out)]) == 130
@@ -188,3 +194,50 @@ def test_ctrl_c_outside_a_commands_own_handling_is_one_line_and_130(monkeypatch,
     monkeypatch.setattr(cli_mod, "build_parser", patched)
     assert main(["try", "x.py::f", "--case", "norm.rmsnorm"]) == 130
     assert capsys.readouterr().err.strip() == "microbench: interrupted"
+
+
+def test_a_tried_variant_failing_while_timed_fails_alone(scaffold, tmp_path, capsys):
+    """Its error in the timing loop (out of memory at a timed shape, say) is its own: the
+    case's variants keep their times and the table its verdicts."""
+    path = _failing_after(scaffold, tmp_path, "late", 12, "RuntimeError('out of memory at a timed shape')")
+    out = tmp_path / "res"
+    assert main(["try", f"{path}::late", *QUICK, "--out", str(out)]) == 1
+    (result,) = glob.glob(os.path.join(str(out), "*.json"))
+    by = {r["variant"]: r for r in json.load(open(result))["records"]}
+    assert by["late"]["status"] == "FAILED" and "out of memory at a timed shape" in by["late"]["reason"]
+    assert by["torch"]["status"] == by["triton"]["status"] == "OK"
+
+
+def test_a_file_imports_the_modules_beside_it_and_reads_them_again_when_loaded_again(tmp_path):
+    from microbench.usercode import load_function
+
+    (tmp_path / "helper_scale.py").write_text("FACTOR = 2\n")
+    main_file = tmp_path / "uses_helper.py"
+    main_file.write_text("from helper_scale import FACTOR\n\n\ndef f():\n    return FACTOR\n")
+    assert load_function(str(main_file), "f")() == 2
+    (tmp_path / "helper_scale.py").write_text("FACTOR = 3\n")
+    assert load_function(str(main_file), "f")() == 3  # an edited helper is not a stale one
+
+
+def test_a_jit_kernel_named_as_the_variant_is_told_to_name_its_launcher(tmp_path):
+    from microbench.usercode import UserCodeError, load_function
+
+    path = tmp_path / "kern.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(x_ptr):\n    pass\n")
+    with pytest.raises(UserCodeError, match="k is a @triton.jit kernel: name the Python function that launches it"):
+        load_function(str(path), "k")
+
+
+def test_the_line_of_an_error_raised_from_another_is_the_users(tmp_path):
+    from microbench.usercode import load_function, where
+
+    path = tmp_path / "deep.py"
+    path.write_text("def inner():\n    raise ValueError('in the kernel body')\n")
+    inner = load_function(str(path), "inner")
+    try:
+        try:
+            inner()
+        except ValueError as e:  # what Triton's interpreter does: its own error, from the kernel's
+            raise RuntimeError("InterpreterError") from e
+    except RuntimeError as err:
+        assert where(err, str(path)) == f"{path}:2 in inner: raise ValueError('in the kernel body')"
