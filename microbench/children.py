@@ -21,3 +21,21 @@ def end_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # it ended before the request was made
         os._exit(1)
+
+
+#: Run as ``python -c _EXEC PARENT CMD...``: end with PARENT, then become CMD (the request
+#: survives the exec). A fresh interpreter does it, not a ``preexec_fn``: Python code run in
+#: a child forked from a process with threads (CUDA's, NVML's, OpenMP's) can deadlock.
+_EXEC = (
+    "import os, sys\n"
+    "from microbench.children import end_with_parent\n"
+    "end_with_parent(int(sys.argv[1]))\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def ending_with_parent(cmd: list[str]) -> list[str]:
+    """``cmd`` started so that it ends with this process, however this one ends."""
+    import sys
+
+    return [sys.executable, "-c", _EXEC, str(os.getpid()), *cmd]

@@ -11,7 +11,6 @@ lock step, rank 0 writes the result file and prints the table.
 from __future__ import annotations
 
 import argparse
-import functools
 import glob
 import os
 import shlex
@@ -21,7 +20,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
-from microbench.children import end_with_parent
+from microbench.children import ending_with_parent
 
 #: Set in the environment of the torchrun a plain ``microbench run --nproc N`` starts.
 RANKS_OF_A_RUN = "MICROBENCH_RANKS_OF_A_RUN"
@@ -75,7 +74,7 @@ def run_on_ranks(a: argparse.Namespace, suite: str, device_kind: str, cases: Seq
             from microbench.cli import DEADLINE_EPOCH
 
             env[DEADLINE_EPOCH] = repr(time.time() + opts.deadline_at - time.monotonic())
-        proc = subprocess.Popen(cmd, env=env, preexec_fn=functools.partial(end_with_parent, os.getpid()))
+        proc = subprocess.Popen(ending_with_parent(cmd), env=env)
         try:
             rc = proc.wait()
         except BaseException as e:  # Ctrl-C or SIGTERM: torchrun stops its ranks, then their files are merged
