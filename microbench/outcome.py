@@ -52,22 +52,34 @@ def attempt(world: Any, tag: str, dev: str, fn: Callable[[], Any]) -> tuple[Any,
 
 
 class _Frames:
-    """The code objects of an error's traceback, kept without its frames (whose locals the
-    caller frees): what :func:`culprit` reads."""
+    """The code objects of an error's traceback and of the errors it was raised from (a
+    failed graph capture wraps the call's own error), kept without their frames (whose
+    locals the caller frees): what :func:`culprit` reads. ``device_lost``: a CUDA error,
+    after which every call on the device fails, whichever variant makes it."""
 
     def __init__(self, e: BaseException) -> None:
         self.codes = []
-        tb = e.__traceback__
-        while tb is not None:
-            self.codes.append(tb.tb_frame.f_code)
-            tb = tb.tb_next
+        self.device_lost = False
+        seen: set[int] = set()
+        err: BaseException | None = e
+        while err is not None and id(err) not in seen:
+            seen.add(id(err))
+            text = str(err)
+            self.device_lost |= type(err).__name__ == "AcceleratorError" or "CUDA error" in text
+            tb = err.__traceback__
+            while tb is not None:
+                self.codes.append(tb.tb_frame.f_code)
+                tb = tb.tb_next
+            err = err.__cause__ or err.__context__
 
 
 def culprit(frames: Any, fns: Sequence[Callable[..., Any]]) -> int | None:
     """Which of ``fns`` (variants timed together) raised the error ``frames`` keeps: the
-    one whose code is in its traceback, or None when none is, or the code is several
-    variants' (closures of one function)."""
-    if not isinstance(frames, _Frames):
+    one whose code is in its traceback, or None when none is, when the code is several
+    variants' (closures of one function), or when the error is the device's (a CUDA error:
+    an illegal access leaves every later call failing, so its traceback names whichever
+    variant ran next, and its launch may not even be the one that faulted)."""
+    if not isinstance(frames, _Frames) or frames.device_lost:  # a lost device fails whoever calls next
         return None
     # a variant's own code, and the code it wraps (a user's function inside the wrapper that
     # reports its errors: the wrapper's frame is the one an error raised there passes)

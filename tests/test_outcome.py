@@ -108,3 +108,28 @@ def test_a_failed_call_s_tensors_are_gone_before_the_cache_is_emptied(monkeypatc
     assert value is None and outcome["error"] == "RuntimeError: out of memory"
     assert "inner(scratch)" in outcome["traceback"]  # reported before the frames were cleared
     assert alive_at_empty == [False]
+
+
+def test_the_culprit_is_found_through_the_error_it_was_raised_from_and_never_on_a_lost_device():
+    from microbench.outcome import culprit
+
+    def good():
+        pass
+
+    def bad():
+        raise ValueError("cannot be captured: it syncs")
+
+    def capture(fn):  # what a failed graph capture does: its own error, from the call's
+        try:
+            fn()
+        except ValueError as e:
+            raise RuntimeError(f"CUDA graph capture failed: {e}") from e
+
+    _, outcome = attempt(None, "interleaved timing", "cpu", lambda: capture(bad))
+    assert culprit(outcome["exception"], [good, bad]) == 1
+
+    def faults():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    _, outcome = attempt(None, "interleaved timing", "cpu", faults)
+    assert culprit(outcome["exception"], [good, faults]) is None  # every later call would fail: no one variant
