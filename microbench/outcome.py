@@ -11,7 +11,17 @@ from typing import Any, Callable, Sequence
 
 from microbench.samplers import free_cached_memory
 
-__all__ = ["agreed_outcome", "agreed_reason", "attempt", "culprit", "error_text", "failure", "is_dist"]
+__all__ = ["agreed_outcome", "agreed_reason", "attempt", "culprit", "error_chain", "error_text", "failure", "is_dist"]
+
+
+def error_chain(e: BaseException) -> list[BaseException]:
+    """``e``, then the error it was raised from or during, and so on (each once)."""
+    chain: list[BaseException] = []
+    err: BaseException | None = e
+    while err is not None and all(err is not c for c in chain):
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
 
 
 def error_text(e: BaseException) -> str:
@@ -60,17 +70,12 @@ class _Frames:
     def __init__(self, e: BaseException) -> None:
         self.codes = []
         self.device_lost = False
-        seen: set[int] = set()
-        err: BaseException | None = e
-        while err is not None and id(err) not in seen:
-            seen.add(id(err))
-            text = str(err)
-            self.device_lost |= type(err).__name__ == "AcceleratorError" or "CUDA error" in text
+        for err in error_chain(e):
+            self.device_lost |= type(err).__name__ == "AcceleratorError" or "CUDA error" in str(err)
             tb = err.__traceback__
             while tb is not None:
                 self.codes.append(tb.tb_frame.f_code)
                 tb = tb.tb_next
-            err = err.__cause__ or err.__context__
 
 
 def culprit(frames: Any, fns: Sequence[Callable[..., Any]]) -> int | None:

@@ -241,13 +241,11 @@ def free_cached_memory(device: str, sync: bool = False, error: BaseException | N
 def _clear_frames(error: BaseException) -> None:
     """Drop the locals of the finished frames in ``error``'s traceback and in those of the
     errors it was raised from or during (the frame handling it is still running: kept)."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    from microbench.outcome import error_chain  # outcome imports this module
+
+    for e in error_chain(error):
         if e.__traceback__ is not None:
             traceback.clear_frames(e.__traceback__)
-        e = e.__cause__ or e.__context__
 
 
 def _end_routing_to_pool(device: int, pool: tuple[int, int]) -> None:

@@ -20,6 +20,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from microbench.case import Case, Point, Variant, Workload
+from microbench.outcome import error_chain
 
 
 class UserCodeError(Exception):
@@ -33,12 +34,7 @@ def where(e: BaseException, path: str) -> str:
         return f"{path}:{e.lineno}: {(e.text or '').strip()}"
     # the error raised from (or during) another: Triton's interpreter raises its own error
     # from the one in the kernel's body, whose frames alone reach the kernel's line
-    chain, seen = [], set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for err in reversed(chain):  # the deepest cause first
+    for err in reversed(error_chain(e)):  # the deepest cause first
         frames = [f for f in traceback.extract_tb(err.__traceback__)
                   if os.path.abspath(f.filename) == os.path.abspath(path)]
         if frames:

@@ -58,3 +58,12 @@ def moe_checkpoint(kind: str, E: int, H: int, I: int, seed: int, dtype=torch.flo
 
 def hidden_states(T: int, H: int, seed: int, dtype=torch.float16) -> torch.Tensor:
     return torch.randn(T, H, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
+
+
+def router_inputs(T: int, H: int, E: int, dtype: torch.dtype, seed: int, with_bias: bool):
+    """hidden ~ N(0, 1); gate rows ~ N(0, 1/H) so logits ~ N(0, 1); bias ~ 0.1·N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(T, H, generator=g).to(DEVICE, dtype)
+    gate = (torch.randn(E, H, generator=g) / math.sqrt(H)).to(DEVICE, dtype)
+    bias = (0.1 * torch.randn(E, generator=g)).to(DEVICE) if with_bias else None
+    return hidden, gate, bias

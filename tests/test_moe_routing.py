@@ -20,6 +20,8 @@ from microbench.kernels import moe_routing
 from microbench.kernels.moe_reference import align_capacity, align_cost, align_ref, router_cost, router_ref
 from microbench.kernels.moe_routing import align, expert_segments, route, trim_alignment
 
+from .moe_helpers import router_inputs as _router_inputs
+
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 
@@ -36,15 +38,6 @@ CONFIGS = [pytest.param(DEEPSEEK, id="deepseek"), pytest.param(KIMI, id="kimi"),
            pytest.param(ODD_GROUPS, id="odd-groups"), pytest.param(SINGLETON_GROUPS, id="singleton-groups"),
            pytest.param(THREE_GROUPS_DROP_ONE, id="three-groups-drop-one"),
            pytest.param(THREE_GROUPS_KEEP_ALL, id="three-groups-keep-all")]
-
-
-def _router_inputs(T: int, H: int, E: int, dtype: torch.dtype, seed: int, with_bias: bool):
-    """hidden ~ N(0, 1); gate rows ~ N(0, 1/H) so logits ~ N(0, 1); bias ~ 0.1·N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(T, H, generator=g).to(DEVICE, dtype)
-    gate = (torch.randn(E, H, generator=g) / math.sqrt(H)).to(DEVICE, dtype)
-    bias = (0.1 * torch.randn(E, generator=g)).to(DEVICE) if with_bias else None
-    return hidden, gate, bias
 
 
 def _router_loop(hidden, gate, bias, *, top_k, n_group, topk_group, factor, renormalize):
@@ -411,66 +404,6 @@ def test_route_and_align_write_nothing_past_their_outputs(monkeypatch):
         ref = align_ref(ids, 24, bs)
         assert out[2] == ref[2] and torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
     assert len(guarded.made) == 8 and guarded.untouched()
-
-
-# --------------------------------------------------------------------------------------
-# Bad inputs: ValueError naming the argument, before anything runs
-# --------------------------------------------------------------------------------------
-
-
-def _bad_route_cases():
-    h, gw, b = _router_inputs(3, 37, 32, torch.float32, seed=5, with_bias=True)
-    base = dict(hidden=h, gate_weight=gw, correction_bias=b, top_k=4, n_group=8, topk_group=4,
-                routed_scaling_factor=2.5)
-    cases = {
-        "top_k": dict(top_k=33),
-        "n_group": dict(n_group=5),
-        "topk_group": dict(topk_group=9),
-        "top_k ": dict(topk_group=1, top_k=5),  # 5 > 1 group x 4 experts
-        "gate_weight": dict(gate_weight=gw[:, :36].contiguous()),
-        "gate_weight ": dict(gate_weight=gw.half()),
-        "gate_weight  ": dict(gate_weight=torch.randn(513, 37, device=DEVICE)),
-        "correction_bias": dict(correction_bias=b[:31].contiguous()),
-        "correction_bias ": dict(correction_bias=b.half()),
-        "hidden": dict(hidden=h[0]),
-        "hidden ": dict(hidden=h.to(torch.int32)),
-        "routed_scaling_factor": dict(routed_scaling_factor=float("nan")),
-    }
-    return [pytest.param({**base, **over}, name.strip(), id=name.strip() + str(i))
-            for i, (name, over) in enumerate(cases.items())]
-
-
-@pytest.mark.parametrize(("kwargs", "arg"), _bad_route_cases())
-def test_route_rejects(kwargs, arg, monkeypatch):
-    def no_gemm(*_a, **_k):
-        raise AssertionError("launched before validating")
-
-    monkeypatch.setattr(moe_routing, "_gate_logits", no_gemm)
-    with pytest.raises(ValueError, match=arg):
-        route(**kwargs)
-
-
-@pytest.mark.parametrize(("over", "arg"), [
-    (dict(top_k=33), "top_k"), (dict(n_group=5), "n_group"), (dict(topk_group=9), "topk_group"),
-    (dict(topk_group=1, top_k=5), "top_k"),
-])
-def test_router_ref_rejects(over, arg):
-    h, gw, b = _router_inputs(3, 37, 32, torch.float32, seed=5, with_bias=True)
-    kw = dict(top_k=4, n_group=8, topk_group=4, routed_scaling_factor=2.5) | over
-    with pytest.raises(ValueError, match=arg):
-        router_ref(h, gw, b, **kw)
-
-
-@pytest.mark.parametrize(("ids", "E", "bs", "arg"), [
-    (torch.zeros(3, 2, dtype=torch.int64) + 1, 8, 16, "topk_ids"),
-    (torch.ones(6, dtype=torch.int32), 8, 16, "topk_ids"),
-    (torch.ones(3, 2, dtype=torch.int32), 0, 16, "num_experts"),
-    (torch.ones(3, 2, dtype=torch.int32), 513, 16, "num_experts"),
-    (torch.ones(3, 2, dtype=torch.int32), 8, 0, "block_size"),
-])
-def test_align_rejects(ids, E, bs, arg):
-    with pytest.raises(ValueError, match=arg):
-        align(ids.to(DEVICE), E, bs)
 
 
 # --------------------------------------------------------------------------------------

@@ -24,11 +24,16 @@ def _worker(mode, out, nproc=2, timeout_s=20):
     return p, time.monotonic() - t0
 
 
+def _records(mode, out):
+    """The records of a worker run in ``mode`` that finished (exit 0)."""
+    p, _ = _worker(mode, out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return _doc(out)["records"]
+
+
 @pytest.mark.multirank
 def test_a_rank_with_a_wrong_sum_fails_the_variant_everywhere_and_the_run_goes_on(tmp_path):
-    p, _ = _worker("wrong", tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    recs = _doc(tmp_path)["records"]
+    recs = _records("wrong", tmp_path)
     odd = [r for r in recs if r["variant"] == "odd"]
     assert [r["status"] for r in odd] == ["FAILED", "FAILED"] and [r["wrong"] for r in odd] == [1, 1]
     assert all("rank 1:" in r["reason"] for r in odd)
@@ -39,9 +44,7 @@ def test_a_rank_with_a_wrong_sum_fails_the_variant_everywhere_and_the_run_goes_o
 def test_a_variant_that_sums_out_of_place_under_an_in_place_tag_is_failed(tmp_path):
     # the right sum, returned: but its input, which an in-place sum overwrites, still holds
     # the rank's own values
-    p, _ = _worker("out-of-place", tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    recs = _doc(tmp_path)["records"]
+    recs = _records("out-of-place", tmp_path)
     assert [r["status"] for r in recs] == ["OK", "FAILED", "OK", "FAILED"]
     assert recs[1]["reason"].startswith("incorrect: rank 0: x (4,) bfloat16: 4/4 elements off")
     assert [rep["name"] for rep in recs[1]["correctness"]["reports"]] == ["out", "x"]
@@ -49,9 +52,7 @@ def test_a_variant_that_sums_out_of_place_under_an_in_place_tag_is_failed(tmp_pa
 
 @pytest.mark.multirank
 def test_a_rank_that_raises_after_the_collective_fails_the_variant_not_the_run(tmp_path):
-    p, _ = _worker("raise-after", tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    recs = _doc(tmp_path)["records"]
+    recs = _records("raise-after", tmp_path)
     assert [r["status"] for r in recs] == ["OK", "FAILED", "OK", "FAILED"]
     assert "rank 1: RuntimeError: raised after the collective" in recs[1]["reason"]
 
